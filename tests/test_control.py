@@ -1,0 +1,119 @@
+"""C, F and l_m: the batched autograd estimator against slow, obviously-correct twins (SPEC §2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model, write_pool
+
+from cdscope.batch import encode_probe
+from cdscope.control import EPS0, ControlResult, control_autograd, control_finite_difference
+from cdscope.gates import GatedModel
+from cdscope.likelihood import row_target_logprobs
+from cdscope.probes import draw_probe, load_pool
+
+
+@pytest.fixture
+def probe_batch(tmp_path, tokenizer):
+    pool = load_pool([write_pool(tmp_path / "p.jsonl", {"a": 4, "b": 4, "c": 4})])
+    return encode_probe(draw_probe(pool, seed=0, n=2), tokenizer, "plain", pad_id=258)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "gemma2"])
+def test_autograd_matches_finite_differences(arch: str, probe_batch) -> None:
+    model = tiny_model(arch, "sdpa", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        fast = control_autograd(gm, probe_batch)
+        slow = control_finite_difference(gm, probe_batch, batch_size=16)
+    np.testing.assert_allclose(fast.ell, slow.ell, rtol=1e-12)
+    assert _rel(fast.C, slow.C) < 1e-3
+    assert _rel(fast.dl_dg, slow.dl_dg) < 1e-3
+    np.testing.assert_allclose(fast.F, slow.F, rtol=1e-12)
+    assert np.abs(fast.C).max() > 1e-4  # the check is not vacuous
+
+
+def test_micro_batching_does_not_change_results(probe_batch) -> None:
+    model = tiny_model("qwen2", "sdpa", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        whole = control_autograd(gm, probe_batch)
+        for size in (1, 2, 4):
+            part = control_autograd(gm, probe_batch, batch_size=size)
+            np.testing.assert_allclose(part.dl_dg, whole.dl_dg, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(part.F, whole.F, rtol=1e-9)
+            np.testing.assert_allclose(part.ell, whole.ell, rtol=1e-12)
+
+
+def test_padded_batch_logprobs_equal_unpadded_full_forwards(probe_batch) -> None:
+    """Slow twin for the scoring path: one sequence at a time, full logits, explicit loop."""
+    model = tiny_model("llama", "sdpa", dtype=torch.float64)
+    rows = torch.arange(probe_batch.B)
+    with torch.no_grad():
+        fast = row_target_logprobs(model, probe_batch, rows)
+        for b in range(probe_batch.B):
+            length, start = int(probe_batch.lengths[b]), int(probe_batch.target_start[b])
+            ids = probe_batch.input_ids[b : b + 1, :length]
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+            slow = sum(float(logp[t - 1, ids[0, t]]) for t in range(start, length))
+            assert fast[b].item() == pytest.approx(slow, rel=1e-10)
+
+
+def test_activation_matrix_against_explicit_loop(probe_batch) -> None:
+    """F[m, k] = mean over samples of the mean over target-predicting positions of ||write_k||."""
+    model = tiny_model("gpt2", "eager", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        fast = control_autograd(gm, probe_batch)
+    writes: dict[int, torch.Tensor] = {}
+    modules = [m for block in model.transformer.h for m in (block.attn, block.mlp)]
+    handles = [
+        mod.register_forward_hook(lambda mod, a, out, k=k: writes.__setitem__(k, out[0] if isinstance(out, tuple) else out))
+        for k, mod in enumerate(modules)
+    ]
+    try:
+        F = np.zeros_like(fast.F)  # noqa: N806
+        counts = np.zeros(probe_batch.M)
+        for b in range(probe_batch.B):
+            length, start = int(probe_batch.lengths[b]), int(probe_batch.target_start[b])
+            with torch.no_grad():
+                model(input_ids=probe_batch.input_ids[b : b + 1, :length])
+            m = int(probe_batch.row_family[b])
+            for k in range(len(modules)):
+                norms = [float(writes[k][0, t].norm()) for t in range(start - 1, length - 1)]
+                F[m, k] += np.mean(norms)
+            counts[m] += 1
+        F /= counts[:, None]  # noqa: N806
+    finally:
+        for h in handles:
+            h.remove()
+    np.testing.assert_allclose(fast.F, F, rtol=1e-10)
+
+
+def test_parameters_are_frozen_during_estimation_and_restored(probe_batch) -> None:
+    model = tiny_model("llama", "sdpa")
+    with GatedModel(model) as gm:
+        control_autograd(gm, probe_batch)
+    assert all(p.requires_grad for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_family_with_tiny_likelihood_is_dropped() -> None:
+    gates = GatedModel(tiny_model("llama")).gate_set
+    K = gates.K  # noqa: N806
+    result = ControlResult(["a", "b", "c"], gates, np.array([-2.0, -EPS0 / 2, -3.0]),
+                           np.arange(3 * K, dtype=float).reshape(3, K), np.ones((3, K)), "autograd")
+    assert result.dropped == ["b"]
+    assert np.isnan(result.C[1]).all()
+    np.testing.assert_allclose(result.C[0], result.dl_dg[0] / -2.0)
+    assert result.C_kept().shape == (2, K)
+
+
+def test_control_rows_are_normalised_by_ell(probe_batch) -> None:
+    model = tiny_model("llama", "sdpa", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        result = control_autograd(gm, probe_batch)
+    np.testing.assert_allclose(result.C * result.ell[:, None], result.dl_dg, rtol=1e-12)
+    assert (result.ell < 0).all()

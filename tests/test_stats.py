@@ -1,0 +1,146 @@
+"""Tests for cdscope.stats: the seed-level protocol of SPEC §4 and the bootstrap of §6."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from cdscope import stats as cs
+
+finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+
+
+# ------------------------------------------------------------------------- mean_se
+
+
+def test_mean_se_by_hand():
+    mean, se = cs.mean_se([1.0, 2.0, 4.0, 9.0])
+    assert mean == pytest.approx(4.0)
+    # deviations -3, -2, 0, 5 -> sum of squares 38, variance 38/3, SE = sqrt(38/3)/2
+    assert se == pytest.approx(math.sqrt(38.0 / 3.0) / 2.0, rel=1e-14)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(finite, min_size=2, max_size=30))
+def test_mean_se_matches_manual_formula(values):
+    S = len(values)
+    m = sum(values) / S
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (S - 1))
+    mean, se = cs.mean_se(values)
+    assert mean == pytest.approx(m, rel=1e-9, abs=1e-6)
+    assert se == pytest.approx(sd / math.sqrt(S), rel=1e-7, abs=1e-6)
+
+
+def test_mean_se_single_value_and_errors():
+    mean, se = cs.mean_se([3.5])
+    assert mean == 3.5 and math.isnan(se)
+    with pytest.raises(ValueError):
+        cs.mean_se([])
+    with pytest.raises(ValueError):
+        cs.mean_se([[1.0, 2.0]])
+
+
+# --------------------------------------------------------------- paired_difference
+
+
+def test_paired_difference_against_hand_computed_t_interval():
+    a = np.array([0.80, 0.75, 0.90, 0.70, 0.85])
+    b = np.array([0.70, 0.78, 0.60, 0.65, 0.80])
+    d = a - b  # 0.10, -0.03, 0.30, 0.05, 0.05
+    res = cs.paired_difference(a, b)
+    S = 5
+    mean = d.sum() / S
+    se = math.sqrt(((d - mean) ** 2).sum() / (S - 1)) / math.sqrt(S)
+    t = sps.t.ppf(0.975, S - 1)  # 2.776...
+    assert t == pytest.approx(2.7764451, rel=1e-6)
+    assert res.n == S
+    assert res.mean == pytest.approx(0.094, rel=1e-12)
+    assert res.se == pytest.approx(se, rel=1e-12)
+    assert res.n_negative == 1
+    assert res.ci_low == pytest.approx(mean - t * se, rel=1e-12)
+    assert res.ci_high == pytest.approx(mean + t * se, rel=1e-12)
+    np.testing.assert_allclose(res.deltas, d, rtol=1e-15)
+
+
+def test_paired_difference_matches_scipy_interval_and_level():
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(0.3, 1.0, 12), rng.normal(0.0, 1.0, 12)
+    d = a - b
+    for level in (0.9, 0.95, 0.99):
+        res = cs.paired_difference(a, b, level=level)
+        lo, hi = sps.t.interval(level, len(d) - 1, loc=d.mean(), scale=sps.sem(d))
+        assert (res.ci_low, res.ci_high) == pytest.approx((lo, hi), rel=1e-12)
+    assert cs.paired_difference(a, b).n_negative == int(np.sum(d < 0))
+
+
+def test_paired_difference_single_seed_and_zero_deltas():
+    res = cs.paired_difference([1.0], [2.0])
+    assert res.n == 1 and res.mean == -1.0 and res.n_negative == 1
+    assert math.isnan(res.se) and math.isnan(res.ci_low) and math.isnan(res.ci_high)
+    same = cs.paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert same.n_negative == 0 and same.se == 0.0 and same.ci_low == same.ci_high == 0.0
+
+
+def test_paired_difference_errors():
+    with pytest.raises(ValueError, match="equal lengths"):
+        cs.paired_difference([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        cs.paired_difference([1.0, 2.0], [1.0, 2.0], level=1.0)
+
+
+# ---------------------------------------------------------------------- bootstrap
+
+
+def test_bootstrap_ci_contains_mean_and_is_deterministic():
+    x = np.random.default_rng(0).normal(5.0, 2.0, 200)
+    res = cs.bootstrap_ci(x, seed=1)
+    assert res.estimate == pytest.approx(x.mean())
+    assert res.ci_low < x.mean() < res.ci_high
+    # Width close to the normal-theory interval 2 * 1.96 * SE.
+    se = x.std(ddof=1) / np.sqrt(x.size)
+    assert res.ci_high - res.ci_low == pytest.approx(2 * 1.96 * se, rel=0.15)
+    again = cs.bootstrap_ci(x, seed=1)
+    assert (again.ci_low, again.ci_high) == (res.ci_low, res.ci_high)
+    other = cs.bootstrap_ci(x, seed=2)
+    assert (other.ci_low, other.ci_high) != (res.ci_low, res.ci_high)
+    assert res.B == 2000 and res.level == 0.95
+
+
+def test_bootstrap_ci_matches_explicit_resampling_loop():
+    x = np.random.default_rng(9).exponential(1.0, 15)
+    B, seed = 300, 5
+    res = cs.bootstrap_ci(x, stat=np.median, B=B, seed=seed, level=0.9)
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(B, x.size))
+    boot = [np.median(x[row]) for row in idx]
+    assert res.ci_low == pytest.approx(np.quantile(boot, 0.05), rel=1e-14)
+    assert res.ci_high == pytest.approx(np.quantile(boot, 0.95), rel=1e-14)
+    assert res.estimate == pytest.approx(np.median(x))
+
+
+def test_bootstrap_ci_constant_sample_and_errors():
+    res = cs.bootstrap_ci([2.0] * 10)
+    assert res.ci_low == res.ci_high == res.estimate == 2.0
+    with pytest.raises(ValueError):
+        cs.bootstrap_ci([])
+    with pytest.raises(ValueError):
+        cs.bootstrap_ci([1.0, 2.0], B=0)
+    with pytest.raises(ValueError):
+        cs.bootstrap_ci([1.0, 2.0], level=0.0)
+
+
+def test_paired_bootstrap_ci():
+    rng = np.random.default_rng(3)
+    base = rng.normal(0.0, 5.0, 100)  # large shared component, small paired shift
+    a, b = base + 0.5 + rng.normal(0, 0.2, 100), base
+    res = cs.paired_bootstrap_ci(a, b, seed=0)
+    assert res.estimate == pytest.approx(np.mean(a - b))
+    assert 0.0 < res.ci_low < res.estimate < res.ci_high  # pairing removes the shared noise
+    direct = cs.bootstrap_ci(a - b, seed=0)
+    assert (res.ci_low, res.ci_high) == (direct.ci_low, direct.ci_high)
+    with pytest.raises(ValueError, match="equal lengths"):
+        cs.paired_bootstrap_ci(a, b[:-1])

@@ -57,8 +57,10 @@ def main() -> None:
         t_c = median_time(lambda: control_autograd(gm, batch), args.reps)
 
     tokens = int(batch.lengths.sum())
-    print(f"probe: {batch.B} sequences, padded width {batch.input_ids.shape[1]}, {tokens} real tokens, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"probe: {batch.B} sequences, padded width {batch.input_ids.shape[1]}, {tokens} real tokens, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"cached load of the embedded model: {load_s:.2f} s (in-process, after imports)")
     print(f"no-grad forward (full logits):     {t_fwd:.3f} s  (median of {args.reps})")
     print(f"C + F estimation (autograd):       {t_c:.3f} s  (median of {args.reps})")

@@ -39,8 +39,12 @@ def main() -> None:
         slow = control_finite_difference(gm, batch, step=args.step, batch_size=args.batch_size)
         t_slow = time.perf_counter() - start
     rel = np.linalg.norm(fast.C - slow.C) / np.linalg.norm(slow.C)
-    print(f"embedded model, {args.dtype}, seed {args.seed}, n {args.n} ({batch.B} sequences), K {gm.gate_set.K}")
-    print(f"autograd: {t_fast:.1f} s   fd (2K = {2 * gm.gate_set.K} gated forwards, h = {args.step}): {t_slow:.1f} s")
+    print(
+        f"embedded model, {args.dtype}, seed {args.seed}, n {args.n} ({batch.B} sequences), K {gm.gate_set.K}"
+    )
+    print(
+        f"autograd: {t_fast:.1f} s   fd (2K = {2 * gm.gate_set.K} gated forwards, h = {args.step}): {t_slow:.1f} s"
+    )
     print(f"relative Frobenius error of C: {rel:.2e}   (target <= 1e-3)")
     print(f"max |l_m difference|: {np.abs(fast.ell - slow.ell).max():.2e}")
 

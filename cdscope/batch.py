@@ -45,7 +45,9 @@ class ProbeBatch:
     def family_sizes(self) -> torch.Tensor:
         return torch.bincount(self.row_family, minlength=self.M)
 
-    def predicting_positions(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def predicting_positions(
+        self, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For batch rows ``rows``: (local row index, position, label) of every scored token."""
         local, pos = [], []
         for i, b in enumerate(rows.tolist()):
@@ -65,7 +67,9 @@ def _prompt_ids(tokenizer: object, prompt: str, template: str) -> list[int]:
     if template == "plain":
         return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])  # type: ignore[operator]
     if getattr(tokenizer, "chat_template", None) is None:
-        raise CdscopeError("--template chat: this model's tokenizer has no chat template; use --template plain")
+        raise CdscopeError(
+            "--template chat: this model's tokenizer has no chat template; use --template plain"
+        )
     messages = [{"role": "user", "content": prompt}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)  # type: ignore[attr-defined]
     if isinstance(ids, dict) or hasattr(ids, "keys"):

@@ -42,46 +42,74 @@ def user_errors(func: F) -> F:
             err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except AuditFailed as exc:
-            err_console.print(f"[bold red]audit failed:[/bold red] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[bold red]audit failed:[/bold red] {exc}", highlight=False, soft_wrap=True
+            )
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/yellow]: finished seeds are kept; rerun with --resume")
+            err_console.print(
+                "[yellow]interrupted[/yellow]: finished seeds are kept; rerun with --resume"
+            )
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
 
 
 def _quiet_libraries() -> None:
+    """Keep library chatter (weight-loading bars, advisory warnings) off the terminal."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 # -- shared options ------------------------------------------------------------------
 ModelOpt = Annotated[
     list[str] | None,
     typer.Option(
-        "--model", "-m",
+        "--model",
+        "-m",
         help="Model: hub id, local directory, .gguf file, or 'smollm2-135m' (embedded default). "
         "Repeat to compare models (the first is the reference).",
     ),
 ]
-SeedsOpt = Annotated[int, typer.Option("--seeds", "-s", min=1, help="Number of probe seeds S (seeds 0..S-1).")]
+SeedsOpt = Annotated[
+    int, typer.Option("--seeds", "-s", min=1, help="Number of probe seeds S (seeds 0..S-1).")
+]
 NOpt = Annotated[int, typer.Option("--n", min=1, help="Probe samples per family per seed.")]
 ProbeOpt = Annotated[
     list[Path] | None,
-    typer.Option("--probe", "-p", help="Probe pool JSONL file(s) (default: the shipped math/code/logic pools)."),
+    typer.Option(
+        "--probe",
+        "-p",
+        help="Probe pool JSONL file(s) (default: the shipped math/code/logic pools).",
+    ),
 ]
-TemplateOpt = Annotated[str, typer.Option("--template", "-t", help="Prompt template: plain | chat.")]
+TemplateOpt = Annotated[
+    str, typer.Option("--template", "-t", help="Prompt template: plain | chat.")
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float64.")]
-AttnOpt = Annotated[str, typer.Option("--attn", help="Attention kernel: auto | eager | sdpa | flash_attention_2.")]
-BatchOpt = Annotated[
-    int | None, typer.Option("--batch-size", "-b", min=1, help="Rows per forward (memory bound); default: 1 on CPU (no padding), the whole probe on GPU.")
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype", help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float64."
+    ),
 ]
-ResumeOpt = Annotated[bool, typer.Option("--resume", help="Keep finished (model, seed) pairs of an interrupted --out.")]
+AttnOpt = Annotated[
+    str, typer.Option("--attn", help="Attention kernel: auto | eager | sdpa | flash_attention_2.")
+]
+BatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        "-b",
+        min=1,
+        help="Rows per forward (memory bound); default: 1 on CPU (no padding), the whole probe on GPU.",
+    ),
+]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option("--resume", help="Keep finished (model, seed) pairs of an interrupted --out."),
+]
 
 
 def _version(value: bool) -> None:
@@ -95,7 +123,10 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
     ] = False,
 ) -> None:
     """Gated sublayer control diagnostics for RL post-training of language models.
@@ -120,11 +151,18 @@ def probe(
     n: NOpt = 3,
     probe: ProbeOpt = None,
     template: TemplateOpt = "plain",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path("results/probe.parquet"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
+        "results/probe.parquet"
+    ),
     estimator: Annotated[
-        str, typer.Option("--estimator", help="autograd (one backward) | fd (2K gated forwards, slow check).")
+        str,
+        typer.Option(
+            "--estimator", help="autograd (one backward) | fd (2K gated forwards, slow check)."
+        ),
     ] = "autograd",
-    fd_step: Annotated[float, typer.Option("--fd-step", help="Gate step h of the fd estimator.")] = 1e-2,
+    fd_step: Annotated[
+        float, typer.Option("--fd-step", help="Gate step h of the fd estimator.")
+    ] = 1e-2,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -145,10 +183,403 @@ def probe(
     target = check_writable(out)
     pool = load_pool(probe)
     frame, _ = collect_control(
-        _models(model), pool, settings, target, ModelOptions(device, dtype, attn), resume, err_console
+        _models(model),
+        pool,
+        settings,
+        target,
+        ModelOptions(device, dtype, attn),
+        resume,
+        err_console,
     )
     out_console.print(seed_summary_table(frame))
     err_console.print(f"[green]wrote[/green] {target} ({len(frame)} rows)", soft_wrap=True)
+
+
+PlotOpt = Annotated[
+    Path | None, typer.Option("--plot", help="Write a figure (.png, .pdf or .svg).")
+]
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="Print one machine-readable JSON summary on stdout (fractions)."),
+]
+FromOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--from",
+        help="Recompute from an existing probe Parquet (OUT.probe.parquet) without loading a model.",
+    ),
+]
+AuditSeedsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--seeds", "-s", min=1, help="Number of probe seeds S (seeds 0..S-1) [default: 3]."
+    ),
+]
+AuditNOpt = Annotated[
+    int | None, typer.Option("--n", min=1, help="Probe samples per family per seed [default: 3].")
+]
+AuditTemplateOpt = Annotated[
+    str | None,
+    typer.Option("--template", "-t", help="Prompt template: plain | chat [default: plain]."),
+]
+
+
+def _run_audit_command(
+    command: str,
+    model: list[str] | None,
+    seeds: int | None,
+    n: int | None,
+    probe: list[Path] | None,
+    template: str | None,
+    out: Path,
+    plot: Path | None,
+    as_json: bool,
+    from_path: Path | None,
+    resume: bool,
+    batch_size: int | None,
+    device: str,
+    dtype: str,
+    attn: str,
+):
+    """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
+    from cdscope.commands.audit import AUDITS, run_audit, sibling
+    from cdscope.commands.probe import ModelOptions, ProbeSettings
+    from cdscope.io import check_plot_path, check_writable
+
+    spec = AUDITS[command]
+    target = check_writable(out)
+    if plot is not None:
+        check_plot_path(plot)
+    if from_path is not None and resume:
+        raise CdscopeError("--resume continues a measurement; it does not apply to --from")
+    settings = ProbeSettings(
+        tuple(range(seeds or 3)), n or 3, template or "plain", "autograd", batch_size
+    )
+    explicit = {"n": n, "template": template}
+    result = run_audit(
+        spec,
+        target,
+        _models(model) if from_path is None else model,
+        from_path,
+        settings,
+        probe,
+        ModelOptions(device, dtype, attn),
+        resume,
+        err_console,
+        explicit,
+    )
+    if result.per_seed.empty:
+        raise CdscopeError(
+            "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
+        )
+    outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
+    if from_path is None:
+        outputs["probe"] = str(sibling(target, "probe"))
+    if plot is not None:
+        outputs["plot"] = str(plot)
+    return spec, result, outputs
+
+
+def _report(
+    command: str, spec, result, outputs: dict, as_json: bool, extra: dict | None = None
+) -> None:  # noqa: ANN001
+    import json
+
+    from cdscope.render import audit_table, per_seed_table
+
+    if as_json:
+        payload = {
+            "command": command,
+            "models": list(dict.fromkeys(result.per_seed["model"])),
+            "summary": result.summary.to_dict(orient="records"),
+            "paired": result.paired.to_dict(orient="records"),
+            "per_seed": result.per_seed.to_dict(orient="records"),
+            "refused_pairs": result.skipped_pairs,
+            "outputs": outputs,
+            **(extra or {}),
+        }
+        typer.echo(json.dumps(payload, default=float, allow_nan=True))
+    else:
+        out_console.print(
+            per_seed_table(result.per_seed, spec.headline, f"{spec.headline} per seed (%)")
+        )
+        out_console.print(
+            audit_table(result.summary, result.paired, f"cdscope {command}: mean ± SE over seeds")
+        )
+    for name, path in outputs.items():
+        err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)
+
+
+@app.command()
+@user_errors
+def bshared(
+    model: ModelOpt = None,
+    seeds: AuditSeedsOpt = None,
+    n: AuditNOpt = None,
+    probe: ProbeOpt = None,
+    template: AuditTemplateOpt = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
+    ] = Path("results/bshared.parquet"),
+    plot: PlotOpt = None,
+    as_json: JsonOpt = False,
+    fail_above: Annotated[
+        float | None,
+        typer.Option(
+            "--fail-above",
+            help="CI gate: exit 1 if a model's mean B_shared(C) exceeds PCT percent.",
+        ),
+    ] = None,
+    from_path: FromOpt = None,
+    resume: ResumeOpt = False,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+) -> None:
+    """Shared control bottleneck B_shared(C) = lambda_1 / tr(C C^T) per model and seed (SPEC §3).
+
+    Reports mean ± SE over seeds (in %), R(C), and with several models the same-seed
+    paired differences against the first model (mean ± SE, negatives, 95% t-interval).
+    """
+    from cdscope.errors import AuditFailed
+    from cdscope.plots import plot_audit
+
+    spec, result, outputs = _run_audit_command(
+        "bshared",
+        model,
+        seeds,
+        n,
+        probe,
+        template,
+        out,
+        plot,
+        as_json,
+        from_path,
+        resume,
+        batch_size,
+        device,
+        dtype,
+        attn,
+    )
+    if plot is not None:
+        plot_audit(
+            plot, "B_shared(C)", result.per_seed, result.summary, result.paired, ["B_shared_C"]
+        )
+    failed = []
+    if fail_above is not None:
+        means = result.summary[result.summary["measure"] == "B_shared_C"]
+        failed = [
+            f"{r.model} {100 * r.mean:.1f}%"
+            for r in means.itertuples()
+            if 100 * r.mean > fail_above
+        ]
+    _report("bshared", spec, result, outputs, as_json, {"fail_above": fail_above, "failed": failed})
+    if failed:
+        raise AuditFailed(f"mean B_shared(C) above {fail_above}%: {', '.join(failed)}")
+
+
+@app.command()
+@user_errors
+def acg(
+    model: ModelOpt = None,
+    seeds: AuditSeedsOpt = None,
+    n: AuditNOpt = None,
+    probe: ProbeOpt = None,
+    template: AuditTemplateOpt = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
+    ] = Path("results/acg.parquet"),
+    plot: PlotOpt = None,
+    as_json: JsonOpt = False,
+    from_path: FromOpt = None,
+    resume: ResumeOpt = False,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+) -> None:
+    """Activation-control gap ACG = B_shared(F) - B_shared(C) per model and seed (SPEC §3).
+
+    F measures how strongly each sublayer is used, C how strongly it controls the
+    likelihood of verified answers; ACG > 0 means usage is more shared than control.
+    """
+    from cdscope.plots import plot_audit
+
+    spec, result, outputs = _run_audit_command(
+        "acg",
+        model,
+        seeds,
+        n,
+        probe,
+        template,
+        out,
+        plot,
+        as_json,
+        from_path,
+        resume,
+        batch_size,
+        device,
+        dtype,
+        attn,
+    )
+    if plot is not None:
+        plot_audit(
+            plot,
+            "Activation vs control",
+            result.per_seed,
+            result.summary,
+            result.paired,
+            ["B_shared_F", "B_shared_C", "ACG"],
+        )
+    _report("acg", spec, result, outputs, as_json)
+
+
+@app.command()
+@user_errors
+def decompose(
+    model: ModelOpt = None,
+    seeds: AuditSeedsOpt = None,
+    n: AuditNOpt = None,
+    probe: ProbeOpt = None,
+    template: AuditTemplateOpt = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
+    ] = Path("results/decompose.parquet"),
+    plot: PlotOpt = None,
+    as_json: JsonOpt = False,
+    from_path: FromOpt = None,
+    resume: ResumeOpt = False,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+) -> None:
+    """Why B_shared is what it is: direction sharing B_dir, row-norm share B_norm,
+    pairwise |cos| of family rows and each family's participation ratio (SPEC §3).
+
+    Paired deltas of PR (a K-dependent count) are refused between models with different K.
+    """
+    from cdscope.plots import plot_decompose
+
+    spec, result, outputs = _run_audit_command(
+        "decompose",
+        model,
+        seeds,
+        n,
+        probe,
+        template,
+        out,
+        plot,
+        as_json,
+        from_path,
+        resume,
+        batch_size,
+        device,
+        dtype,
+        attn,
+    )
+    if plot is not None:
+        plot_decompose(plot, result.per_seed, result.summary)
+    _report("decompose", spec, result, outputs, as_json)
+
+
+@app.command("random-ref")
+@user_errors
+def random_ref(
+    families: Annotated[
+        int, typer.Option("--families", "-M", help="Number of families M (rows).")
+    ] = 3,
+    gates: Annotated[
+        int | None,
+        typer.Option("--gates", "-K", help="Number of gates K (columns); default: K of --model."),
+    ] = None,
+    trials: Annotated[
+        int, typer.Option("--trials", "-T", help="Number of random matrices T.")
+    ] = 50_000,
+    seed: Annotated[int, typer.Option("--seed", help="RNG seed.")] = 0,
+    value: Annotated[
+        float | None,
+        typer.Option("--value", help="A measured B_shared in percent: report its percentile."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Take K from this model (2 x layers).")
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Parquet of the T samples (stats in metadata).")
+    ] = Path("results/random_ref.parquet"),
+    plot: PlotOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Distribution of B_shared for M x K matrices with i.i.d. Gaussian rows (SPEC §4).
+
+    The 1/M lower bound is not what a random matrix gives: compare a measured value
+    with this reference (mean, std, p95, p99, and the value's percentile).
+    """
+    import json
+
+    import pandas as pd
+
+    from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
+    from cdscope.render import random_ref_table
+    from cdscope.spectral import random_reference
+
+    if families < 2:
+        raise CdscopeError(
+            f"--families must be at least 2 (B_shared of one row is always 1); got {families}"
+        )
+    if trials < 1:
+        raise CdscopeError(f"--trials must be at least 1; got {trials}")
+    if value is not None and not 0 < value <= 100:
+        raise CdscopeError(f"--value is a percentage in (0, 100]; got {value}")
+    if gates is None:
+        if model is None:
+            raise CdscopeError("give --gates K, or --model to take K from a model")
+        from cdscope.models.loading import model_gate_count
+
+        gates = model_gate_count(model)
+    if gates < 1:
+        raise CdscopeError(f"--gates must be at least 1; got {gates}")
+    target = check_writable(out)
+    if plot is not None:
+        check_plot_path(plot)
+    ref = random_reference(families, gates, trials, seed)
+    fraction = None if value is None else value / 100
+    percentile = None if fraction is None else ref.percentile_of(fraction)
+    stats = {
+        "M": families,
+        "K": gates,
+        "trials": trials,
+        "seed": seed,
+        "mean": ref.mean,
+        "std": ref.std,
+        "p95": ref.p95,
+        "p99": ref.p99,
+        "value": fraction,
+        "percentile": percentile,
+        "model": model,
+    }
+    write_parquet(
+        pd.DataFrame({"trial": range(trials), "B_shared": ref.samples}),
+        target,
+        run_metadata("random-ref", **stats),
+    )
+    if plot is not None:
+        from cdscope.plots import plot_random_reference
+
+        plot_random_reference(
+            plot, ref.samples, families, gates, ref.p95, ref.p99, fraction, percentile
+        )
+    if as_json:
+        typer.echo(json.dumps(stats))
+    else:
+        out_console.print(random_ref_table(stats))
+    err_console.print(
+        f"[green]wrote[/green] {target}" + (f" and {plot}" if plot else ""), soft_wrap=True
+    )
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -85,10 +85,16 @@ def frozen_parameters(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def _chunks(B: int, batch_size: int | None, lengths: torch.Tensor | None = None) -> list[torch.Tensor]:  # noqa: N803
+def _chunks(
+    B: int, batch_size: int | None, lengths: torch.Tensor | None = None
+) -> list[torch.Tensor]:  # noqa: N803
     """Row-index micro-batches of at most ``batch_size``; rows of similar length go
     together (when ``lengths`` is given) so little compute is spent on padding."""
-    order = torch.argsort(lengths, descending=True, stable=True) if lengths is not None else torch.arange(B)
+    order = (
+        torch.argsort(lengths, descending=True, stable=True)
+        if lengths is not None
+        else torch.arange(B)
+    )
     size = batch_size or B
     return [order[i : i + size] for i in range(0, B, size)]
 
@@ -100,7 +106,9 @@ def _family_mean(per_row: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
     return sums / batch.family_sizes().to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
 
 
-def _mean_norm_at_predicting_positions(norms: torch.Tensor, batch: ProbeBatch, rows: torch.Tensor) -> torch.Tensor:
+def _mean_norm_at_predicting_positions(
+    norms: torch.Tensor, batch: ProbeBatch, rows: torch.Tensor
+) -> torch.Tensor:
     """``norms`` ``[b, K, T]`` -> ``[b, K]`` mean over each row's target-predicting positions."""
     local, pos, _ = batch.predicting_positions(rows)
     picked = norms[local.to(norms.device), :, pos.to(norms.device)]  # [N, K]
@@ -110,7 +118,9 @@ def _mean_norm_at_predicting_positions(norms: torch.Tensor, batch: ProbeBatch, r
     return sums / counts[:, None]
 
 
-def control_autograd(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ControlResult:
+def control_autograd(
+    gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None
+) -> ControlResult:
     """C, F and l_m from one forward + one backward per micro-batch (SPEC §2)."""
     model, K = gm.model, gm.gate_set.K
     device = next(model.parameters()).device
@@ -128,16 +138,25 @@ def control_autograd(gm: GatedModel, batch: ProbeBatch, batch_size: int | None =
             (grad,) = torch.autograd.grad(objective, gates)
             row_logp[rows] = logp.detach().double().cpu()
             row_grad[rows] = grad.double().cpu()
-            row_F[rows] = _mean_norm_at_predicting_positions(capture.stacked(K), batch, rows).double().cpu()
+            row_F[rows] = (
+                _mean_norm_at_predicting_positions(capture.stacked(K), batch, rows).double().cpu()
+            )
     ell = _family_mean(row_logp, batch)
     dl_dg = torch.zeros(batch.M, K, dtype=torch.float64).index_add_(0, batch.row_family, row_grad)
     return ControlResult(
-        batch.families, gm.gate_set, ell.numpy(), dl_dg.numpy(), _family_mean(row_F, batch).numpy(), "autograd"
+        batch.families,
+        gm.gate_set,
+        ell.numpy(),
+        dl_dg.numpy(),
+        _family_mean(row_F, batch).numpy(),
+        "autograd",
     )
 
 
 @torch.no_grad()
-def _gated_row_logprobs(gm: GatedModel, batch: ProbeBatch, gates: torch.Tensor, batch_size: int | None) -> torch.Tensor:
+def _gated_row_logprobs(
+    gm: GatedModel, batch: ProbeBatch, gates: torch.Tensor, batch_size: int | None
+) -> torch.Tensor:
     """log pi(y*|x; g) for every (virtual) row: ``gates`` is ``[P*B, K]`` for P settings."""
     B = batch.B  # noqa: N806
     device = next(gm.model.parameters()).device
@@ -176,10 +195,18 @@ def control_finite_difference(
     row_F = torch.zeros(B, K, dtype=torch.float64)
     with torch.no_grad():
         for rows in _chunks(B, batch_size, batch.lengths):
-            with gm.gating(torch.ones(len(rows), K, device=device, dtype=gate_dtype), capture_norms=True) as cap:
+            with gm.gating(
+                torch.ones(len(rows), K, device=device, dtype=gate_dtype), capture_norms=True
+            ) as cap:
                 row_logp[rows] = row_target_logprobs(gm.model, batch, rows).double().cpu()
-            row_F[rows] = _mean_norm_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
+            row_F[rows] = (
+                _mean_norm_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
+            )
     return ControlResult(
-        batch.families, gm.gate_set, _family_mean(row_logp, batch).numpy(), dl_dg.numpy(),
-        _family_mean(row_F, batch).numpy(), "fd",
+        batch.families,
+        gm.gate_set,
+        _family_mean(row_logp, batch).numpy(),
+        dl_dg.numpy(),
+        _family_mean(row_F, batch).numpy(),
+        "fd",
     )

@@ -141,7 +141,9 @@ class GatedModel:
         if not self._handles:
             raise RuntimeError("use GatedModel as a context manager before gating")
         if gates is not None and (gates.dim() != 2 or gates.shape[1] != self.gate_set.K):
-            raise ValueError(f"gates must have shape [B, {self.gate_set.K}], got {tuple(gates.shape)}")
+            raise ValueError(
+                f"gates must have shape [B, {self.gate_set.K}], got {tuple(gates.shape)}"
+            )
         capture = Capture()
         self._gates, self._capture = gates, (capture if capture_norms else None)
         try:

@@ -10,6 +10,7 @@ into place, so a crash or Ctrl-C never leaves a half-written file.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import os
 import platform
@@ -28,17 +29,21 @@ from cdscope.errors import CdscopeError
 METADATA_KEY = b"cdscope"
 
 
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def run_metadata(command: str, **fields: object) -> dict:
     """The metadata every output carries, plus command-specific ``fields``."""
-    import torch
-    import transformers
-
     return {
         "command": command,
         "command_line": shlex.join(["cdscope", *sys.argv[1:]]) if sys.argv else "",
         "cdscope_version": __version__,
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
         "python_version": platform.python_version(),
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **fields,
@@ -49,7 +54,9 @@ def check_writable(path: str | Path) -> Path:
     """Fail early (before any expensive work) when ``path`` cannot be written."""
     target = Path(path)
     if target.exists() and target.is_dir():
-        raise CdscopeError(f"output path {target} is a directory; give a file name like {target}/out.parquet")
+        raise CdscopeError(
+            f"output path {target} is a directory; give a file name like {target}/out.parquet"
+        )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".cdscope-check-"):
@@ -57,6 +64,15 @@ def check_writable(path: str | Path) -> Path:
     except OSError as exc:
         raise CdscopeError(f"cannot write to {target}: {exc.strerror or exc}") from exc
     return target
+
+
+def check_plot_path(path: Path) -> str:
+    """The figure format from ``--plot``'s suffix (png, pdf, svg), or a one-line refusal."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in ("png", "pdf", "svg"):
+        raise CdscopeError(f"--plot must end in .png, .pdf or .svg; got {Path(path).name}")
+    check_writable(path)
+    return suffix
 
 
 def atomic_write_bytes(path: str | Path, write: object) -> None:
@@ -76,7 +92,10 @@ def atomic_write_bytes(path: str | Path, write: object) -> None:
 def write_parquet(frame: pd.DataFrame, path: str | Path, metadata: dict) -> Path:
     """Write ``frame`` with ``metadata`` (JSON) atomically; returns the path."""
     table = pa.Table.from_pandas(frame, preserve_index=False)
-    merged = {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(metadata, default=str).encode()}
+    merged = {
+        **(table.schema.metadata or {}),
+        METADATA_KEY: json.dumps(metadata, default=str).encode(),
+    }
     table = table.replace_schema_metadata(merged)
     atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
     return Path(path)

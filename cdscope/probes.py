@@ -88,14 +88,20 @@ def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
         raise CdscopeError(f"{where}: expected a JSON object, got {type(record).__name__}")
     missing = [key for key in REQUIRED_KEYS if key not in record]
     if missing:
-        raise CdscopeError(f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)})")
+        raise CdscopeError(
+            f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)})"
+        )
     for key in REQUIRED_KEYS:
         if not isinstance(record[key], str) or not record[key]:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
     extra = {k: v for k, v in record.items() if k not in (*REQUIRED_KEYS, "source")}
     return ProbeItem(
-        record["id"], record["family"], record["prompt"], record["target"],
-        str(record.get("source", "")), extra,
+        record["id"],
+        record["family"],
+        record["prompt"],
+        record["target"],
+        str(record.get("source", "")),
+        extra,
     )
 
 
@@ -117,7 +123,9 @@ def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
                 continue
             item = _parse_line(path, lineno, line)
             if item.id in items:
-                raise CdscopeError(f"{path}:{lineno}: duplicate id {item.id!r} (first at {first_seen[item.id]})")
+                raise CdscopeError(
+                    f"{path}:{lineno}: duplicate id {item.id!r} (first at {first_seen[item.id]})"
+                )
             items[item.id] = item
             first_seen[item.id] = f"{path}:{lineno}"
             count += 1
@@ -127,7 +135,8 @@ def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
     for item in items.values():
         by_family.setdefault(item.family, []).append(item)
     ordered = {
-        family: tuple(sorted(by_family[family], key=lambda it: it.id)) for family in sorted(by_family)
+        family: tuple(sorted(by_family[family], key=lambda it: it.id))
+        for family in sorted(by_family)
     }
     return ProbePool(ordered, tuple(str(p) for p in resolved))
 
@@ -136,7 +145,9 @@ def _family_rng(seed: int, family: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(family.encode())])
 
 
-def draw_probe(pool: ProbePool, seed: int, n: int, families: Sequence[str] | None = None) -> list[ProbeItem]:
+def draw_probe(
+    pool: ProbePool, seed: int, n: int, families: Sequence[str] | None = None
+) -> list[ProbeItem]:
     """``n`` items per family without replacement, from ``seed`` and the family name alone.
 
     Returns the items grouped by family in ``pool.families`` order (or ``families``).
@@ -148,7 +159,9 @@ def draw_probe(pool: ProbePool, seed: int, n: int, families: Sequence[str] | Non
     for family in chosen:
         items = pool.by_family.get(family, ())
         if not items:
-            raise CdscopeError(f"family {family!r} has no items in the probe pool ({', '.join(pool.families)})")
+            raise CdscopeError(
+                f"family {family!r} has no items in the probe pool ({', '.join(pool.families)})"
+            )
         if len(items) < n:
             raise CdscopeError(
                 f"family {family!r} has {len(items)} probe item(s), fewer than --n {n}; "

@@ -23,7 +23,9 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
     """Per (model, seed): B_shared(C), B_shared(F) in percent and l_m per family."""
     from cdscope.commands.probe import control_matrices
 
-    table = Table(title="Control per seed: B_shared in %, l_m = mean log-likelihood", title_justify="left")
+    table = Table(
+        title="Control per seed: B_shared in %, l_m = mean log-likelihood", title_justify="left"
+    )
     families = sorted(frame["family"].unique())
     table.add_column("model", overflow="fold")
     for column in ["seed", "B_shared C", "B_shared F", *[f"l {f}" for f in families]]:
@@ -37,7 +39,100 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
         bc = _pct(b_shared(kept_c[1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         bf = _pct(b_shared(F[(model, int(seed))][1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         table.add_row(
-            short_model_name(str(model)), str(seed), bc, bf,
-            *[f"{ell.get(f, float('nan')):.1f}" for f in families], ", ".join(dropped) or "-",
+            short_model_name(str(model)),
+            str(seed),
+            bc,
+            bf,
+            *[f"{ell.get(f, float('nan')):.1f}" for f in families],
+            ", ".join(dropped) or "-",
         )
+    return table
+
+
+def _is_fraction(measure: str) -> bool:
+    """PR is a count-like quantity in [1, K]; everything else here is a fraction."""
+    return not measure.startswith("PR[")
+
+
+def _fmt(value: float, measure: str, signed: bool = False) -> str:
+    if value != value:  # NaN
+        return "n/a"
+    scaled = 100 * value if _is_fraction(measure) else value
+    return f"{scaled:+.2f}" if signed else f"{scaled:.2f}"
+
+
+def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
+    """One row per model, one column per seed (percent)."""
+    table = Table(title=title, title_justify="left")
+    seeds = sorted(per_seed["seed"].unique())
+    table.add_column("model", overflow="fold")
+    for seed in seeds:
+        table.add_column(f"s{seed}", justify="right", no_wrap=True)
+    rows = per_seed[per_seed["measure"] == measure]
+    for model in dict.fromkeys(per_seed["model"]):
+        values = rows[rows["model"] == model].set_index("seed")["value"]
+        table.add_row(
+            short_model_name(str(model)),
+            *[_fmt(values.get(s, float("nan")), measure) for s in seeds],
+        )
+    return table
+
+
+def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Table:
+    """Mean ± SE per model and measure, with paired deltas against the reference model."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption="fractions shown in %; Δ in percentage points; PR in gates",
+        caption_justify="left",
+    )
+    table.add_column("model", overflow="fold")
+    table.add_column("measure", no_wrap=True)
+    table.add_column("mean ± SE", justify="right", no_wrap=True)
+    if not paired.empty:
+        table.add_column("Δ vs ref ± SE", justify="right", no_wrap=True)
+        table.add_column("Δ<0", justify="right", no_wrap=True)
+        table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+    for _, row in summary.iterrows():
+        measure = row["measure"]
+        cells = [
+            short_model_name(str(row["model"])),
+            measure,
+            f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}",
+        ]
+        if not paired.empty:
+            match = paired[(paired["model"] == row["model"]) & (paired["measure"] == measure)]
+            if match.empty:
+                cells += ["ref" if row["model"] == paired["reference"].iloc[0] else "-", "", ""]
+            else:
+                d = match.iloc[0]
+                cells += [
+                    f"{_fmt(d['mean'], measure, True)} ± {_fmt(d['se'], measure)}",
+                    f"{d['n_negative']}/{d['n']}",
+                    f"[{_fmt(d['ci_low'], measure, True)}, {_fmt(d['ci_high'], measure, True)}]",
+                ]
+        table.add_row(*cells)
+    return table
+
+
+def random_ref_table(stats: dict) -> Table:
+    table = Table(
+        title=f"Random reference B_shared (%): M = {stats['M']}, K = {stats['K']}, "
+        f"T = {stats['trials']:,}, seed {stats['seed']}",
+        title_justify="left",
+    )
+    for column in ("1/M", "mean", "std", "p95", "p99"):
+        table.add_column(column, justify="right")
+    cells = [
+        _pct(1 / stats["M"]),
+        _pct(stats["mean"]),
+        _pct(stats["std"]),
+        _pct(stats["p95"]),
+        _pct(stats["p99"]),
+    ]
+    if stats.get("value") is not None:
+        table.add_column("value", justify="right")
+        table.add_column("percentile", justify="right")
+        cells += [_pct(stats["value"]), f"{stats['percentile']:.1f}"]
+    table.add_row(*cells)
     return table

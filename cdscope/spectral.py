@@ -77,9 +77,7 @@ def _as_matrix(X: ArrayLike, name: str = "X") -> np.ndarray:
 
 def _require_nonzero_trace(tr: np.ndarray, name: str) -> None:
     if np.any(tr <= 0.0):
-        raise ValueError(
-            f"{name}: tr(X X^T) = 0 (an all-zero matrix), so the measure is undefined"
-        )
+        raise ValueError(f"{name}: tr(X X^T) = 0 (an all-zero matrix), so the measure is undefined")
 
 
 def _unit_rows(C: np.ndarray, name: str) -> np.ndarray:

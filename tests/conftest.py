@@ -26,33 +26,67 @@ from transformers import (
 )
 
 VOCAB = 300  # 256 byte tokens + specials, see byte_tokenizer()
-_COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 
 
 def _gpt2(attn: str):
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=128,
-                                      attn_implementation=attn))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=3,
+            n_head=4,
+            n_positions=128,
+            bos_token_id=256,
+            eos_token_id=257,
+            attn_implementation=attn,
+        )
+    )
 
 
 def _neox(attn: str):
-    return GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                            num_hidden_layers=3, num_attention_heads=4,
-                                            max_position_embeddings=128, use_parallel_residual=True,
-                                            attn_implementation=attn))
+    return GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            use_parallel_residual=True,
+            attn_implementation=attn,
+        )
+    )
 
 
 def _gemma2(attn: str):
     attn = "eager"  # Gemma-2 supports no sdpa path in transformers (soft-capped attention)
-    return Gemma2ForCausalLM(Gemma2Config(**_COMMON, head_dim=8, attn_implementation=attn,
-                                          final_logit_softcapping=5.0, sliding_window=8))
+    return Gemma2ForCausalLM(
+        Gemma2Config(
+            **_COMMON,
+            head_dim=8,
+            attn_implementation=attn,
+            final_logit_softcapping=5.0,
+            sliding_window=8,
+        )
+    )
 
 
 BUILDERS = {
     "llama": lambda attn: LlamaForCausalLM(LlamaConfig(**_COMMON, attn_implementation=attn)),
     "mistral": lambda attn: MistralForCausalLM(MistralConfig(**_COMMON, attn_implementation=attn)),
     "qwen2": lambda attn: Qwen2ForCausalLM(Qwen2Config(**_COMMON, attn_implementation=attn)),
-    "qwen3": lambda attn: Qwen3ForCausalLM(Qwen3Config(**_COMMON, head_dim=8, attn_implementation=attn)),
+    "qwen3": lambda attn: Qwen3ForCausalLM(
+        Qwen3Config(**_COMMON, head_dim=8, attn_implementation=attn)
+    ),
     "gpt2": _gpt2,
     "gpt_neox": _neox,
     "gemma2": _gemma2,
@@ -79,7 +113,9 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -87,15 +123,26 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return byte_tokenizer()
 
 
-def write_pool(path: Path, families: dict[str, int], prompt_len: int = 12, target_len: int = 6) -> Path:
+def write_pool(
+    path: Path, families: dict[str, int], prompt_len: int = 12, target_len: int = 6
+) -> Path:
     """A small probe pool file: ``families`` maps family -> item count."""
     lines = []
     for family, count in families.items():
         for i in range(count):
             prompt = f"{family} question {i}: " + "abcdefghij"[: (i % 5) + 3] * (prompt_len // 6)
             target = f" answer {i * 7 % 13}" + "." * (i % 3)
-            lines.append(json.dumps({"id": f"{family}/{i:02d}", "family": family, "prompt": prompt,
-                                     "target": target[: target_len + i % 4], "source": "tests"}))
+            lines.append(
+                json.dumps(
+                    {
+                        "id": f"{family}/{i:02d}",
+                        "family": family,
+                        "prompt": prompt,
+                        "target": target[: target_len + i % 4],
+                        "source": "tests",
+                    }
+                )
+            )
     path.write_text("\n".join(lines) + "\n")
     return path
 

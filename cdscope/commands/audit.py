@@ -1,0 +1,247 @@
+"""Shared engine of ``bshared``, ``acg`` and ``decompose`` (SPEC §3, §4).
+
+1. Obtain the probe frame (C, F, l_m per model, seed, family, gate): measure the
+   models (``collect_control``) or read an earlier ``probe`` Parquet (``--from``).
+2. Per (model, seed): evaluate the command's measures on the kept families' C and F.
+3. Over seeds: mean ± SE per model and measure; against the first model, same-seed
+   paired differences Delta_s = value_model(s) - value_reference(s) with SE, the count
+   of negative Delta_s and the 95% Student-t interval.
+
+Outputs: ``OUT`` (one row per model x seed x measure), ``OUT.summary.parquet`` (means
+and paired rows) and, when models were measured, ``OUT.probe.parquet`` (the raw probe
+frame, reusable with ``--from`` and ``--resume``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+
+from cdscope import spectral
+from cdscope.commands.probe import FRAME_COLUMNS, ModelOptions, ProbeSettings, collect_control
+from cdscope.errors import CdscopeError
+from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.probes import load_pool
+from cdscope.stats import mean_se, paired_difference
+
+#: measures of one (model, seed): (kept families, C, F) -> {measure name: value}
+MeasureFn = Callable[[list[str], np.ndarray, np.ndarray], dict[str, float]]
+
+
+def bshared_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
+    return {"B_shared_C": float(spectral.b_shared(C)), "R_C": float(spectral.moment_ratio(C))}
+
+
+def acg_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
+    b_f, b_c = float(spectral.b_shared(F)), float(spectral.b_shared(C))
+    return {"B_shared_F": b_f, "B_shared_C": b_c, "ACG": b_f - b_c}
+
+
+def decompose_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
+    values = {
+        "B_shared_C": float(spectral.b_shared(C)),
+        "B_dir": float(spectral.b_dir(C)),
+        "B_norm": float(spectral.b_norm(C)),
+    }
+    for a, b, cos in spectral.pairwise_abs_cos(C, families):
+        values[f"abs_cos[{a}|{b}]"] = cos
+    for family, pr in zip(families, spectral.participation_ratio(C), strict=True):
+        values[f"PR[{family}]"] = float(pr)
+    return values
+
+
+@dataclass(frozen=True)
+class AuditSpec:
+    command: str
+    measures: MeasureFn
+    headline: str  # the measure --fail-above and plots look at first
+    k_dependent_prefixes: tuple[str, ...] = ()  # measures whose scale depends on K
+
+
+AUDITS = {
+    "bshared": AuditSpec("bshared", bshared_measures, "B_shared_C"),
+    "acg": AuditSpec("acg", acg_measures, "ACG"),
+    "decompose": AuditSpec("decompose", decompose_measures, "B_shared_C", ("PR[",)),
+}
+
+
+@dataclass
+class AuditResult:
+    per_seed: pd.DataFrame  # model, seed, measure, value
+    summary: pd.DataFrame  # model, measure, n_seeds, mean, se
+    paired: pd.DataFrame  # model, reference, measure, n, mean, se, n_negative, ci_low, ci_high
+    metadata: dict
+    probe_frame: pd.DataFrame
+    skipped_pairs: list[str]
+
+
+def sibling(out: Path, suffix: str) -> Path:
+    """``results/bshared.parquet`` -> ``results/bshared.<suffix>.parquet``."""
+    return out.with_name(f"{out.stem}.{suffix}{out.suffix or '.parquet'}")
+
+
+def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFrame, dict]:
+    """A ``probe`` Parquet for ``--from``: schema and explicitly requested settings checked."""
+    frame, metadata = read_parquet(path)
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    if missing:
+        raise CdscopeError(
+            f"{path} is not a probe file (missing column(s) {', '.join(missing)}); "
+            "pass the .probe.parquet written by probe/bshared/acg/decompose"
+        )
+    settings = metadata.get("settings", {})
+    for key, wanted in expect.items():
+        if wanted is not None and settings.get(key) != wanted:
+            raise CdscopeError(
+                f"{path} was measured with {key}={settings.get(key)!r} but --{key} {wanted} was asked; "
+                "drop the option or measure again"
+            )
+    return frame, metadata
+
+
+def per_seed_frame(
+    probe_frame: pd.DataFrame, measures: MeasureFn, console: Console
+) -> pd.DataFrame:
+    """Evaluate ``measures`` for every (model, seed) on the kept families' C and F."""
+    rows = []
+    kept = probe_frame[~probe_frame["dropped"].astype(bool)]
+    for model, seed in probe_frame[["model", "seed"]].drop_duplicates().itertuples(index=False):
+        part = kept[(kept["model"] == model) & (kept["seed"] == seed)]
+        C = part.pivot(index="family", columns="gate", values="C").sort_index()  # noqa: N806
+        F = part.pivot(index="family", columns="gate", values="F").reindex(C.index)  # noqa: N806
+        if len(C) < 2:
+            console.print(
+                f"[yellow]warning:[/yellow] {model} seed {seed}: fewer than 2 families kept; no measures"
+            )
+            continue
+        for name, value in measures(list(C.index), C.to_numpy(), F.to_numpy()).items():
+            rows.append({"model": model, "seed": int(seed), "measure": name, "value": value})
+    return pd.DataFrame(rows, columns=["model", "seed", "measure", "value"])
+
+
+def summarize(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """Mean ± SE over seeds per (model, measure) (SPEC §4)."""
+    rows = []
+    for (model, measure), group in per_seed.groupby(["model", "measure"], sort=False):
+        mean, se = mean_se(group["value"].to_numpy())
+        rows.append(
+            {"model": model, "measure": measure, "n_seeds": len(group), "mean": mean, "se": se}
+        )
+    return pd.DataFrame(rows, columns=["model", "measure", "n_seeds", "mean", "se"])
+
+
+def paired_against_reference(
+    per_seed: pd.DataFrame,
+    models: list[str],
+    skip: Callable[[str, str], bool] = lambda m, name: False,
+) -> pd.DataFrame:
+    """Same-seed differences of every later model against ``models[0]`` (SPEC §4)."""
+    columns = [
+        "model",
+        "reference",
+        "measure",
+        "n",
+        "mean",
+        "se",
+        "n_negative",
+        "ci_low",
+        "ci_high",
+    ]
+    if len(models) < 2:
+        return pd.DataFrame(columns=columns)
+    reference, rows = models[0], []
+    wide = per_seed.pivot_table(index=["measure", "seed"], columns="model", values="value")
+    for model in models[1:]:
+        for measure in per_seed["measure"].unique():
+            if skip(model, measure):
+                continue
+            pairs = wide.loc[measure][[model, reference]].dropna()
+            if pairs.empty:
+                continue
+            diff = paired_difference(pairs[model].to_numpy(), pairs[reference].to_numpy())
+            rows.append(
+                {
+                    "model": model,
+                    "reference": reference,
+                    "measure": measure,
+                    "n": diff.n,
+                    "mean": diff.mean,
+                    "se": diff.se,
+                    "n_negative": diff.n_negative,
+                    "ci_low": diff.ci_low,
+                    "ci_high": diff.ci_high,
+                }
+            )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def run_audit(
+    spec: AuditSpec,
+    out: Path,
+    model_specs: list[str] | None,
+    from_path: Path | None,
+    settings: ProbeSettings,
+    probe_paths: list[Path] | None,
+    options: ModelOptions,
+    resume: bool,
+    console: Console,
+    explicit: dict[str, object] | None = None,
+) -> AuditResult:
+    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs."""
+    if from_path is not None:
+        if model_specs:
+            raise CdscopeError("--from reads an existing probe file: do not also pass --model")
+        probe_frame, probe_meta = read_probe_frame(from_path, explicit or {})
+    else:
+        pool = load_pool(probe_paths)
+        if len(pool.families) < 2:
+            raise CdscopeError(
+                f"B_shared needs at least 2 task families (M >= 2); the probe has {len(pool.families)}: "
+                f"{', '.join(pool.families)}"
+            )
+        probe_frame, probe_meta = collect_control(
+            model_specs or [],
+            pool,
+            settings,
+            sibling(out, "probe"),
+            options,
+            resume,
+            console,
+            spec.command,
+        )
+    models = list(dict.fromkeys(probe_frame["model"]))
+    ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
+    skipped: list[str] = []
+
+    def skip(model: str, measure: str) -> bool:
+        differs = ks.get(model) != ks.get(models[0])
+        if differs and measure.startswith(spec.k_dependent_prefixes or ("\0",)):
+            skipped.append(
+                f"{measure} ({model} K={ks.get(model)} vs {models[0]} K={ks.get(models[0])})"
+            )
+            return True
+        return False
+
+    per_seed = per_seed_frame(probe_frame, spec.measures, console)
+    summary = summarize(per_seed)
+    paired = paired_against_reference(per_seed, models, skip)
+    if skipped:
+        console.print(
+            "[yellow]note:[/yellow] paired deltas refused for K-dependent measures of models with "
+            f"different gate counts: {'; '.join(sorted(set(skipped)))}"
+        )
+    metadata = run_metadata(
+        spec.command,
+        source=str(from_path) if from_path else "measured",
+        probe=probe_meta,
+        reference_model=models[0] if models else None,
+    )
+    write_parquet(per_seed, out, metadata)
+    both = pd.concat([summary.assign(kind="mean"), paired.assign(kind="paired")], ignore_index=True)
+    write_parquet(both, sibling(out, "summary"), metadata)
+    return AuditResult(per_seed, summary, paired, metadata, probe_frame, sorted(set(skipped)))

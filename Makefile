@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/cdscope probe --seeds 3 --out results/probe.parquet
+	$(BIN)/cdscope bshared --seeds 3 --out results/bshared.parquet --plot results/bshared.png
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -33,6 +33,8 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_control.py
+	$(BIN)/python benchmarks/bench_bshared.py
+	$(BIN)/python benchmarks/bench_regularizer.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=3)
     parser.add_argument("--step", type=float, default=1e-2)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--order", type=int, default=2, choices=[2, 4])
     args = parser.parse_args()
 
     from cdscope.batch import encode_probe
@@ -36,7 +37,9 @@ def main() -> None:
         fast = control_autograd(gm, batch, batch_size=1)
         t_fast = time.perf_counter() - start
         start = time.perf_counter()
-        slow = control_finite_difference(gm, batch, step=args.step, batch_size=args.batch_size)
+        slow = control_finite_difference(
+            gm, batch, step=args.step, batch_size=args.batch_size, order=args.order
+        )
         t_slow = time.perf_counter() - start
     rel = np.linalg.norm(fast.C - slow.C) / np.linalg.norm(slow.C)
     print(

@@ -121,7 +121,7 @@ def _forest(ax: plt.Axes, paired: pd.DataFrame, measures: list[str]) -> None:
         )
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax.invert_yaxis()
+    ax.set_ylim(max(len(rows), 2) - 0.5, -0.5)  # top to bottom, no empty band for few rows
     reference = _short(str(paired["reference"].iloc[0])) if len(paired) else ""
     ax.set_xlabel(f"Δ vs {reference} (percentage points, 95% t-interval)")
     ax.set_title("Same-seed paired differences")

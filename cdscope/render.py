@@ -27,10 +27,12 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
         title="Control per seed: B_shared in %, l_m = mean log-likelihood", title_justify="left"
     )
     families = sorted(frame["family"].unique())
-    table.add_column("model", overflow="fold")
+    any_dropped = bool(frame["dropped"].any())
+    table.add_column("model", no_wrap=True)
     for column in ["seed", "B_shared C", "B_shared F", *[f"l {f}" for f in families]]:
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("dropped")
+    if any_dropped:
+        table.add_column("dropped")
     C, F = control_matrices(frame, "C"), control_matrices(frame, "F")  # noqa: N806
     for (model, seed), group in frame.groupby(["model", "seed"], sort=False):
         ell = group.groupby("family")["ell"].first()
@@ -38,14 +40,9 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
         kept_c = C.get((model, int(seed)))
         bc = _pct(b_shared(kept_c[1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         bf = _pct(b_shared(F[(model, int(seed))][1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
-        table.add_row(
-            short_model_name(str(model)),
-            str(seed),
-            bc,
-            bf,
-            *[f"{ell.get(f, float('nan')):.1f}" for f in families],
-            ", ".join(dropped) or "-",
-        )
+        cells = [short_model_name(str(model)), str(seed), bc, bf,
+                 *[f"{ell.get(f, float('nan')):.1f}" for f in families]]
+        table.add_row(*cells, *([", ".join(dropped) or "-"] if any_dropped else []))
     return table
 
 
@@ -65,7 +62,7 @@ def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
     """One row per model, one column per seed (percent)."""
     table = Table(title=title, title_justify="left")
     seeds = sorted(per_seed["seed"].unique())
-    table.add_column("model", overflow="fold")
+    table.add_column("model", no_wrap=True)
     for seed in seeds:
         table.add_column(f"s{seed}", justify="right", no_wrap=True)
     rows = per_seed[per_seed["measure"] == measure]
@@ -86,7 +83,7 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
         caption="fractions shown in %; Δ in percentage points; PR in gates",
         caption_justify="left",
     )
-    table.add_column("model", overflow="fold")
+    table.add_column("model", no_wrap=True)
     table.add_column("measure", no_wrap=True)
     table.add_column("mean ± SE", justify="right", no_wrap=True)
     if not paired.empty:
@@ -135,4 +132,27 @@ def random_ref_table(stats: dict) -> Table:
         table.add_column("percentile", justify="right")
         cells += [_pct(stats["value"]), f"{stats['percentile']:.1f}"]
     table.add_row(*cells)
+    return table
+
+
+def gradcheck_table(frame: pd.DataFrame) -> Table:
+    """Per (estimator, eps): cosine and relative error vs exact, per seed and worst case."""
+    seeds = sorted(frame["seed"].unique())
+    table = Table(title="Regulariser gradient vs exact (cosine | relative L2 error)", title_justify="left",
+                  caption="* = default estimator; time = median seconds per gradient", caption_justify="left")
+    table.add_column("estimator", no_wrap=True)
+    table.add_column("eps", justify="right")
+    for seed in seeds:
+        table.add_column(f"seed {seed}", justify="right", no_wrap=True)
+    table.add_column("min cos", justify="right")
+    table.add_column("time", justify="right")
+    for (estimator, eps), group in frame.groupby(["estimator", "eps"], sort=False):
+        by_seed = group.set_index("seed")
+        star = "*" if bool(group["is_default"].any()) else ""
+        cells = [f"{by_seed.loc[s, 'cosine']:.6f} | {by_seed.loc[s, 'rel_error']:.1e}" if s in by_seed.index else "-"
+                 for s in seeds]
+        table.add_row(f"{estimator}{star}", f"{eps:g}", *cells, f"{group['cosine'].min():.6f}",
+                      f"{group['seconds'].median():.1f}")
+    exact = frame.groupby("seed")["exact_seconds"].first().median()
+    table.add_row("exact", "-", *["1 | 0" for _ in seeds], "1", f"{exact:.1f}")
     return table

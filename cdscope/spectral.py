@@ -48,6 +48,7 @@ __all__ = [
     "b_shared",
     "gram",
     "moment_ratio",
+    "moment_ratio_torch",
     "pairwise_abs_cos",
     "participation_ratio",
     "r_sensitivity",
@@ -175,6 +176,16 @@ def r_sensitivity_torch(C: torch.Tensor) -> torch.Tensor:
             "r_sensitivity_torch: tr(C C^T) = 0 (an all-zero matrix), so W is undefined"
         )
     return _sensitivity(Cd, torch).to(C.dtype)
+
+
+def moment_ratio_torch(C: torch.Tensor) -> torch.Tensor:
+    """Differentiable torch twin of :func:`moment_ratio` (same formula, no eigendecomposition).
+
+    Used by the exact CD-RFT gradient, which backpropagates R(C(theta)) (SPEC §5).
+    """
+    import torch
+
+    return _moments(C, torch)[2]
 
 
 def b_dir(C: ArrayLike) -> np.ndarray | float:

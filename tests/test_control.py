@@ -127,3 +127,13 @@ def test_control_rows_are_normalised_by_ell(probe_batch) -> None:
         result = control_autograd(gm, probe_batch)
     np.testing.assert_allclose(result.C * result.ell[:, None], result.dl_dg, rtol=1e-12)
     assert (result.ell < 0).all()
+
+
+def test_fourth_order_stencil_is_more_accurate_at_a_large_step(probe_batch) -> None:
+    """At h = 0.1 the O(h^2) error is visible; the O(h^4) stencil removes most of it."""
+    model = tiny_model("llama", "sdpa", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        exact = control_autograd(gm, probe_batch)
+        second = control_finite_difference(gm, probe_batch, step=0.1, batch_size=32)
+        fourth = control_finite_difference(gm, probe_batch, step=0.1, batch_size=32, order=4)
+    assert _rel(fourth.C, exact.C) < _rel(second.C, exact.C) / 5

@@ -51,6 +51,7 @@ class ProbeSettings:
     estimator: str = "autograd"
     batch_size: int | None = None
     fd_step: float = 1e-2
+    fd_order: int = 2
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -59,6 +60,8 @@ class ProbeSettings:
             raise CdscopeError(
                 f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
             )
+        if self.fd_order not in (2, 4):
+            raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
         if self.batch_size is not None and self.batch_size < 1:
             raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
 
@@ -176,6 +179,7 @@ def collect_control(
         settings=settings.comparable(),
         batch_size=settings.batch_size,
         fd_step=settings.fd_step if settings.estimator == "fd" else None,
+        fd_order=settings.fd_order if settings.estimator == "fd" else None,
         models=[],
     )
     frames: list[pd.DataFrame] = []

@@ -1,0 +1,87 @@
+"""Wall time and peak memory of the regulariser-gradient estimators (issue 4).
+
+Each mode runs in its own process (so peak RSS is that mode's alone) on the embedded
+model and the seed-0 probe (3 families x n = 3 = 9 sequences), fp32, eager attention:
+
+- plain:      one forward + backward of the probe log-likelihood with parameter grads
+- exact:      d R(C(theta)) / d theta by double backward
+- proxy:      fixed-step first-order proxy (eps = 0.05, the SPEC reference)
+- richardson: the default estimator (Richardson over eps and eps/2)
+
+    .venv/bin/python benchmarks/bench_regularizer.py [--reps 3]
+
+Prints the median wall time over reps (after one warm-up), whole-process peak RSS and
+the time ratio to plain, all measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+MODES = ("plain", "exact", "proxy", "richardson")
+
+
+def run_mode(mode: str, reps: int) -> dict:
+    import torch
+
+    from cdscope.batch import encode_probe
+    from cdscope.gates import GatedModel
+    from cdscope.likelihood import row_target_logprobs
+    from cdscope.models import load_model
+    from cdscope.probes import draw_probe, load_pool
+    from cdscope.regularizer import DEFAULT_EPS, exact_grad, proxy_grad
+
+    loaded = load_model(attn="eager")
+    batch = encode_probe(draw_probe(load_pool(), 0, 3), loaded.tokenizer)
+    model = loaded.model
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def plain() -> None:
+        logp = row_target_logprobs(model, batch, torch.arange(batch.B))
+        torch.autograd.grad(logp.sum(), params)
+
+    with GatedModel(model) as gm:
+        step = {
+            "plain": plain,
+            "exact": lambda: exact_grad(gm, batch),
+            "proxy": lambda: proxy_grad(gm, batch, eps=0.05),
+            "richardson": lambda: proxy_grad(gm, batch, eps=DEFAULT_EPS, richardson=True),
+        }[mode]
+        step()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"mode": mode, "seconds": statistics.median(times), "peak_gb": peak_kb / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode:
+        print(json.dumps(run_mode(args.mode, args.reps)))
+        return
+    results = {}
+    for mode in MODES:
+        output = subprocess.run([sys.executable, __file__, "--mode", mode, "--reps", str(args.reps)],
+                                check=True, capture_output=True, text=True).stdout
+        results[mode] = json.loads(output.strip().splitlines()[-1])
+    plain = results["plain"]["seconds"]
+    print(f"{'mode':<11} {'median s':>9} {'x plain':>8} {'peak RSS GB':>12}")
+    for mode in MODES:
+        r = results[mode]
+        print(f"{mode:<11} {r['seconds']:>9.2f} {r['seconds'] / plain:>8.2f} {r['peak_gb']:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

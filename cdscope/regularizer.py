@@ -1,0 +1,259 @@
+"""The CD-RFT regulariser's parameter gradient, d R(C(theta)) / d theta (SPEC §5).
+
+R = tr(G^2) / tr(G)^2 with G = C C^T is the smooth stand-in for B_shared, and
+C[m, k] = (1 / l_m) d l_m / d g_k at g = 1. Two ways to its theta-gradient:
+
+**Exact** (``exact_grad``): build C with the gate-gradient graph kept
+(``create_graph=True``) and backpropagate R — second-order autodiff. Needs an attention
+kernel with a double backward (eager); used as ground truth.
+
+**First-order proxy** (``proxy_grad``): with W = dR/dC at a stop-gradient C̄
+(``spectral.r_sensitivity_torch``) and Ŵ_m = W_m / ||W_m||,
+
+    sum_k W_mk C_mk = (||W_m|| / l_m) * D_m,    D_m = d/dt l_m(1 + t Ŵ_m) at t = 0,
+
+so with W held fixed, grad_theta sum_mk W_mk C_mk = grad_theta R. The proxy replaces
+the directional derivative D_m by a central difference of two gated forwards,
+
+    L_proxy = sum_m (||W_m|| / l_m) * (l_m(1 + eps Ŵ_m) - l_m(1 - eps Ŵ_m)) / (2 eps),
+
+and takes one ordinary backward (any attention kernel). Error O(eps^2). The
+``richardson`` variant combines eps and eps/2, (4 D(eps/2) - D(eps)) / 3, cancelling
+the eps^2 term (error O(eps^4)) for two more gated forwards.
+
+Details as SPEC §5: the nominal l_m in the normaliser stays differentiable unless
+``detach_normaliser``; families with ||W_m|| < 1e-12 are skipped; |l_m| < eps0 uses
+1 / (l_m + eps0 sign(l_m)). C̄ comes from the gate gradient of the nominal forward,
+whose graph is kept for the normaliser; every perturbation then goes through one
+batched forward with per-row gates (2B or 4B rows), and one parameter backward covers
+both: the proxy costs 3B (Richardson: 5B) rows of forward, a gate-only backward over
+B rows and a parameter backward over all rows, in chunks of ``batch_size`` rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from cdscope.batch import ProbeBatch
+from cdscope.control import EPS0
+from cdscope.errors import CdscopeError
+from cdscope.gates import GatedModel
+from cdscope.likelihood import row_target_logprobs
+from cdscope.spectral import moment_ratio_torch, r_sensitivity_torch
+
+W_FLOOR = 1e-12
+ESTIMATORS = ("exact", "proxy", "richardson")
+#: The default first-order estimator, chosen from the measured fidelity table (docs/gradcheck.md).
+DEFAULT_ESTIMATOR = "richardson"
+DEFAULT_EPS = 0.01
+
+
+@dataclass
+class GradResult:
+    """Gradient of R(C(theta)) w.r.t. ``params`` (same order), with the C̄ it was taken at."""
+
+    grads: list[torch.Tensor]
+    R: float  # noqa: N815 - SPEC symbol
+    C: np.ndarray  # [M_kept, K] at the current theta
+    families: list[str]  # kept families
+    estimator: str
+    eps: float | None
+    seconds: float
+
+    def flat(self) -> torch.Tensor:
+        return torch.cat([g.reshape(-1).double() for g in self.grads])
+
+
+def trainable(model: nn.Module, params: Sequence[nn.Parameter] | None = None) -> list[nn.Parameter]:
+    """The parameters to differentiate: ``params`` or every parameter with requires_grad."""
+    chosen = list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    if not chosen:
+        raise ValueError("no parameters to differentiate (all have requires_grad=False)")
+    return chosen
+
+
+def _family_sum(per_row: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
+    """Differentiable rows [B, ...] -> family sums [M, ...]."""
+    out = per_row.new_zeros((batch.M, *per_row.shape[1:]))
+    return out.index_add(0, batch.row_family.to(per_row.device), per_row)
+
+
+def _safe_inverse(ell: torch.Tensor) -> torch.Tensor:
+    """1 / l_m, pushed away from zero (sign kept) when |l_m| < eps0 (SPEC §5)."""
+    sign = torch.where(ell >= 0, 1.0, -1.0).to(ell)
+    return 1.0 / torch.where(ell.abs() < EPS0, ell + EPS0 * sign, ell)
+
+
+def _grads(output: torch.Tensor, params: list[nn.Parameter], retain: bool = False) -> list[torch.Tensor]:
+    grads = torch.autograd.grad(output, params, allow_unused=True, retain_graph=retain)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+
+
+def _double_backward_error(exc: RuntimeError, model: nn.Module) -> CdscopeError:
+    attn = getattr(model.config, "_attn_implementation", "unknown")
+    return CdscopeError(
+        f"the exact gradient needs second-order autodiff through attention, which the {attn!r} "
+        f"kernel cannot do ({str(exc).splitlines()[0][:120]}); load the model with --attn eager"
+    )
+
+
+def exact_grad(
+    gm: GatedModel, batch: ProbeBatch, params: Sequence[nn.Parameter] | None = None
+) -> GradResult:
+    """Ground truth: C with ``create_graph``, then backward of R(C) into ``params``."""
+    start = time.perf_counter()
+    model = gm.model
+    chosen = trainable(model, params)
+    device = next(model.parameters()).device
+    dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+    sizes = batch.family_sizes().to(device=device, dtype=dtype)
+    gates = torch.ones(batch.B, gm.gate_set.K, device=device, dtype=dtype, requires_grad=True)
+    with gm.gating(gates):
+        logp = row_target_logprobs(model, batch, torch.arange(batch.B)).to(dtype)
+    ell = _family_sum(logp, batch) / sizes
+    weights = (1.0 / sizes)[batch.row_family.to(device)]
+    try:
+        (row_grad,) = torch.autograd.grad((logp * weights).sum(), gates, create_graph=True)
+        kept = ell.detach().abs() >= EPS0
+        C = (_family_sum(row_grad, batch) / ell[:, None])[kept]  # noqa: N806
+        R = moment_ratio_torch(C)  # noqa: N806
+        grads = _grads(R, chosen)
+    except RuntimeError as exc:
+        if "derivative" in str(exc) or "double backward" in str(exc) or "not implemented" in str(exc):
+            raise _double_backward_error(exc, model) from exc
+        raise
+    families = [f for f, k in zip(batch.families, kept.tolist(), strict=True) if k]
+    return GradResult(grads, float(R.detach()), C.detach().double().cpu().numpy(), families, "exact", None,
+                      time.perf_counter() - start)
+
+
+def check_step_resolution(eps: float, dtype: torch.dtype, richardson: bool) -> None:
+    """Refuse gate steps the model's dtype would round away at g = 1 (bf16: spacing 2^-7)."""
+    smallest = eps / 2 if richardson else eps
+    resolution = torch.finfo(dtype).eps  # spacing of representable numbers just above 1
+    if smallest < 2 * resolution:
+        raise CdscopeError(
+            f"gate step {smallest:g} is below what {str(dtype).removeprefix('torch.')} resolves at g = 1 "
+            f"(spacing {resolution:g}): the perturbation would be rounded away. Use --dtype float32 for "
+            f"the gradient, or eps >= {2 * resolution * (2 if richardson else 1):g}"
+        )
+
+
+def proxy_grad(
+    gm: GatedModel,
+    batch: ProbeBatch,
+    eps: float = 0.05,
+    params: Sequence[nn.Parameter] | None = None,
+    detach_normaliser: bool = False,
+    richardson: bool = False,
+    batch_size: int | None = None,
+) -> GradResult:
+    """First-order proxy of grad_theta R(C(theta)) (SPEC §5): no second-order autodiff.
+
+    L_proxy = sum_m a_m N_m D_m with a_m = ||W_m||, N_m = 1 / l_m (nominal) and
+    D_m = sum_o c_o l_m(1 + o Ŵ_m) the difference quotient (c_o its stencil weights).
+    Its gradient splits into per-row terms with forward-only coefficients,
+
+        grad L = sum_{m, o, b in m} (a_m N_m c_o / n_m) grad log pi_b(o)  +  sum_m a_m D_m grad N_m,
+
+    so the perturbed rows are pushed through forward + backward ``batch_size`` rows at a
+    time (bounded memory, each row computed once) and the normaliser term is one last
+    backward through the nominal forward, once every D_m is known.
+    """
+    if eps <= 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    start = time.perf_counter()
+    model = gm.model
+    chosen = trainable(model, params)
+    model_dtype = next(model.parameters()).dtype
+    check_step_resolution(eps, model_dtype, richardson)
+    device = next(model.parameters()).device
+    dtype = torch.float64 if model_dtype == torch.float64 else torch.float32
+    K, B = gm.gate_set.K, batch.B  # noqa: N806
+    # stencil: offsets o and weights c_o with D = sum_o c_o l(1 + o Ŵ)
+    if richardson:  # (4 D(eps/2) - D(eps)) / 3
+        offsets = (eps, -eps, eps / 2, -eps / 2)
+        stencil = (-1 / (6 * eps), 1 / (6 * eps), 4 / (3 * eps), -4 / (3 * eps))
+    else:
+        offsets, stencil = (eps, -eps), (1 / (2 * eps), -1 / (2 * eps))
+    sizes = batch.family_sizes().to(device=device, dtype=dtype)
+    row_family = batch.row_family.to(device)
+
+    # 1. Nominal rows (g = 1): l_m and C̄ from the gate gradient of the same forward.
+    nominal_gates = torch.ones(B, K, device=device, dtype=dtype, requires_grad=True)
+    with gm.gating(nominal_gates):
+        logp_nominal = row_target_logprobs(model, batch, torch.arange(B)).to(dtype)
+    ell = _family_sum(logp_nominal, batch) / sizes
+    (row_grad,) = torch.autograd.grad(
+        (logp_nominal / sizes[row_family]).sum(), nominal_gates, retain_graph=not detach_normaliser
+    )
+    kept = ell.detach().abs() >= EPS0
+    C_bar = (_family_sum(row_grad, batch) / ell.detach()[:, None])[kept]  # noqa: N806
+    W = torch.zeros(batch.M, K, device=device, dtype=dtype)  # noqa: N806
+    W[kept] = r_sensitivity_torch(C_bar)
+    w_norm = W.norm(dim=1)
+    active = kept & (w_norm >= W_FLOOR)
+    direction = torch.where(active[:, None], W / w_norm.clamp_min(W_FLOOR)[:, None], 0.0)
+    amplitude = torch.where(active, w_norm * _safe_inverse(ell.detach()), 0.0)  # a_m N_m
+
+    # 2. Perturbed rows: family m's rows carry gates 1 + o Ŵ_m; backward chunk by chunk.
+    grads = [torch.zeros_like(p) for p in chosen]
+    virtual = torch.arange(len(offsets) * B)  # offset index = v // B, batch row = v % B
+    offset_of = torch.tensor(offsets, dtype=dtype, device=device)[virtual // B]
+    weight_of = torch.tensor(stencil, dtype=dtype, device=device)[virtual // B]
+    rows_of = virtual % B
+    logp_all = torch.zeros(len(virtual), dtype=dtype, device=device)
+    for chunk in torch.split(virtual, batch_size or B):
+        rows = rows_of[chunk]
+        gates = 1.0 + offset_of[chunk, None] * direction[row_family[rows.to(device)]]
+        with gm.gating(gates):
+            logp = row_target_logprobs(model, batch, rows).to(dtype)
+        logp_all[chunk] = logp.detach()
+        family = row_family[rows.to(device)]
+        coefficient = amplitude[family] * weight_of[chunk] / sizes[family]
+        for acc, g in zip(grads, _grads((coefficient * logp).sum(), chosen), strict=True):
+            acc.add_(g)
+
+    # 3. The normaliser term, once every D_m is known: sum_m a_m D_m grad(1 / l_m).
+    per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
+    derivative = _family_sum(per_row, batch) / sizes  # D_m
+    if not detach_normaliser:
+        term = (torch.where(active, w_norm * derivative, 0.0) * _safe_inverse(ell)).sum()
+        for acc, g in zip(grads, _grads(term, chosen), strict=True):
+            acc.add_(g)
+    families = [f for f, k in zip(batch.families, kept.tolist(), strict=True) if k]
+    R = float(moment_ratio_torch(C_bar.double()))  # noqa: N806
+    return GradResult(grads, R, C_bar.double().cpu().numpy(), families,
+                      "richardson" if richardson else "proxy", eps, time.perf_counter() - start)
+
+
+def regularizer_grad(
+    gm: GatedModel,
+    batch: ProbeBatch,
+    estimator: str = DEFAULT_ESTIMATOR,
+    eps: float = DEFAULT_EPS,
+    params: Sequence[nn.Parameter] | None = None,
+    detach_normaliser: bool = False,
+    batch_size: int | None = None,
+) -> GradResult:
+    """Dispatch by estimator name: exact | proxy | richardson."""
+    if estimator == "exact":
+        return exact_grad(gm, batch, params)
+    if estimator in ("proxy", "richardson"):
+        return proxy_grad(gm, batch, eps, params, detach_normaliser, estimator == "richardson", batch_size)
+    raise CdscopeError(f"gradient estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}")
+
+
+def fidelity(approx: GradResult, exact: GradResult) -> dict[str, float]:
+    """Cosine and relative L2 error of ``approx`` against ``exact`` (flattened)."""
+    a, e = approx.flat(), exact.flat()
+    return {
+        "cosine": float(torch.dot(a, e) / (a.norm() * e.norm())),
+        "rel_error": float((a - e).norm() / e.norm()),
+    }

@@ -1,0 +1,140 @@
+"""The regulariser's gradient (SPEC §5): exact double backward vs finite differences of
+R(C(theta)), and the first-order proxies against the exact gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model, write_pool
+
+from cdscope.batch import encode_probe
+from cdscope.control import control_autograd
+from cdscope.errors import CdscopeError
+from cdscope.gates import GatedModel
+from cdscope.probes import draw_probe, load_pool
+from cdscope.regularizer import check_step_resolution, exact_grad, fidelity, proxy_grad
+from cdscope.spectral import moment_ratio
+
+
+@pytest.fixture(scope="module")
+def probe_batch(tmp_path_factory, tokenizer):
+    path = write_pool(tmp_path_factory.mktemp("pool") / "p.jsonl", {"a": 3, "b": 3, "c": 3})
+    return encode_probe(draw_probe(load_pool([path]), seed=0, n=2), tokenizer, "plain", pad_id=258)
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def model(request):
+    return tiny_model(request.param, "eager", dtype=torch.float64)
+
+
+def _R_of(model, batch) -> float:  # noqa: N802
+    with GatedModel(model) as gm:
+        return float(moment_ratio(control_autograd(gm, batch).C_kept()))
+
+
+def test_exact_gradient_matches_finite_differences_of_R(model, probe_batch) -> None:
+    with GatedModel(model) as gm:
+        exact = exact_grad(gm, probe_batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    gen = torch.Generator().manual_seed(3)
+    direction = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params]
+    t = 2e-4  # llama: fp32 RMSNorm noise ~1/t; gpt2: O(t^4) truncation; both ~3e-5 here
+    values = {}
+    for step in (2, 1, -1, -2):  # fourth-order stencil: R is strongly curved in theta here
+        with torch.no_grad():
+            for p, d in zip(params, direction, strict=True):
+                p.add_(step * t * d)
+        values[step] = _R_of(model, probe_batch)
+        with torch.no_grad():
+            for p, d in zip(params, direction, strict=True):
+                p.sub_(step * t * d)
+    numeric = (8 * (values[1] - values[-1]) - (values[2] - values[-2])) / (12 * t)
+    analytic = sum(float((g * d).sum()) for g, d in zip(exact.grads, direction, strict=True))
+    assert analytic == pytest.approx(numeric, rel=1e-4)
+    assert abs(numeric) > 1e-8
+    assert exact.R == pytest.approx(_R_of(model, probe_batch), rel=1e-6)  # llama norms run in fp32
+
+
+def test_proxy_converges_to_the_exact_gradient(model, probe_batch) -> None:
+    with GatedModel(model) as gm:
+        exact = exact_grad(gm, probe_batch)
+        tiny = proxy_grad(gm, probe_batch, eps=1e-4)
+        errors = [fidelity(proxy_grad(gm, probe_batch, eps=e), exact)["rel_error"] for e in (0.04, 0.02)]
+    assert fidelity(tiny, exact)["cosine"] >= 0.9999
+    assert 3.5 < errors[0] / errors[1] < 4.5  # O(eps^2)
+    assert tiny.R == pytest.approx(exact.R, rel=1e-10)
+
+
+def test_richardson_cancels_the_eps_squared_term(model, probe_batch) -> None:
+    with GatedModel(model) as gm:
+        exact = exact_grad(gm, probe_batch)
+        plain = fidelity(proxy_grad(gm, probe_batch, eps=0.04), exact)["rel_error"]
+        better = fidelity(proxy_grad(gm, probe_batch, eps=0.04, richardson=True), exact)["rel_error"]
+    assert better < plain / 20
+
+
+def test_detached_normaliser_differs_by_exactly_the_normaliser_term(model, probe_batch) -> None:
+    """default - detached = sum_m ||W_m|| D_m * grad(1 / l_m) = -sum_m ||W_m|| D_m / l_m^2 grad l_m."""
+    eps = 0.01
+    with GatedModel(model) as gm:
+        default = proxy_grad(gm, probe_batch, eps=eps)
+        detached = proxy_grad(gm, probe_batch, eps=eps, detach_normaliser=True)
+        # the pieces, computed independently: D_m from gated forwards, grad l_m from a plain backward
+        from cdscope.likelihood import row_target_logprobs
+        from cdscope.spectral import r_sensitivity
+
+        C = control_autograd(gm, probe_batch)  # noqa: N806
+        W = torch.from_numpy(r_sensitivity(C.C))  # noqa: N806
+        params = [p for p in model.parameters() if p.requires_grad]
+        expected = [torch.zeros_like(p) for p in params]
+        for m in range(probe_batch.M):
+            rows = torch.nonzero(probe_batch.row_family == m).flatten()
+            w_hat = W[m] / W[m].norm()
+            ell_pm = []
+            for sign in (1, -1):
+                with torch.no_grad(), gm.gating((1 + sign * eps * w_hat).repeat(len(rows), 1)):
+                    ell_pm.append(float(row_target_logprobs(model, probe_batch, rows).mean()))
+            D = (ell_pm[0] - ell_pm[1]) / (2 * eps)  # noqa: N806
+            ell = row_target_logprobs(model, probe_batch, rows).mean()
+            grad_ell = torch.autograd.grad(ell, params)
+            for acc, g in zip(expected, grad_ell, strict=True):
+                acc.add_(-float(W[m].norm()) * D / float(ell.detach()) ** 2 * g)
+    difference = default.flat() - detached.flat()
+    target = torch.cat([e.reshape(-1) for e in expected])
+    error = float((difference - target).norm() / target.norm())
+    assert error < 1e-6, error
+    assert float(target.norm()) > 0
+
+
+def test_gradients_for_a_parameter_subset(probe_batch) -> None:
+    model = tiny_model("llama", "eager", dtype=torch.float64)
+    subset = [model.model.layers[0].mlp.down_proj.weight]
+    with GatedModel(model) as gm:
+        full = exact_grad(gm, probe_batch)
+        part = exact_grad(gm, probe_batch, params=subset)
+    index = [i for i, p in enumerate(model.parameters()) if p is subset[0]][0]
+    assert torch.allclose(part.grads[0], full.grads[index])
+
+
+def test_steps_below_bf16_resolution_are_refused() -> None:
+    with pytest.raises(CdscopeError, match="rounded away"):
+        check_step_resolution(0.001, torch.bfloat16, richardson=False)
+    with pytest.raises(CdscopeError, match="rounded away"):
+        check_step_resolution(0.02, torch.bfloat16, richardson=True)
+    check_step_resolution(0.05, torch.bfloat16, richardson=True)
+    check_step_resolution(1e-4, torch.float32, richardson=True)
+
+
+def test_exact_gradient_with_sdpa_names_the_fix(probe_batch) -> None:
+    model = tiny_model("llama", "sdpa")
+    with GatedModel(model) as gm, pytest.raises(CdscopeError, match="--attn eager"):
+        exact_grad(gm, probe_batch)
+
+
+def test_chunked_proxy_equals_the_whole_batch(probe_batch) -> None:
+    model = tiny_model("llama", "eager", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        whole = proxy_grad(gm, probe_batch, eps=0.02, richardson=True)
+        for size in (1, 4):
+            part = proxy_grad(gm, probe_batch, eps=0.02, richardson=True, batch_size=size)
+            assert torch.allclose(part.flat(), whole.flat(), rtol=1e-9, atol=1e-14)

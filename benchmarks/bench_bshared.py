@@ -20,7 +20,9 @@ from pathlib import Path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, default=7)
     args = parser.parse_args()
 
@@ -37,21 +39,49 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "b.parquet"
         start = time.perf_counter()
-        collect_control(["smollm2-135m"], pool, settings, Path(tmp) / "p.parquet", ModelOptions(), console=quiet)
+        collect_control(
+            ["smollm2-135m"], pool, settings, Path(tmp) / "p.parquet", ModelOptions(), console=quiet
+        )
         t_probe = time.perf_counter() - start
         start = time.perf_counter()
-        run_audit(AUDITS["bshared"], out, ["smollm2-135m"], None, settings, None, ModelOptions(), False, quiet)
+        run_audit(
+            AUDITS["bshared"],
+            out,
+            ["smollm2-135m"],
+            None,
+            settings,
+            None,
+            ModelOptions(),
+            False,
+            quiet,
+        )
         t_bshared = time.perf_counter() - start
         reruns = []
         for _ in range(3):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "cdscope.cli", "bshared", "--from", str(sibling(out, "probe")),
-                            "--out", str(Path(tmp) / "again.parquet")], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "cdscope.cli",
+                    "bshared",
+                    "--from",
+                    str(sibling(out, "probe")),
+                    "--out",
+                    str(Path(tmp) / "again.parquet"),
+                ],
+                check=True,
+                capture_output=True,
+            )
             reruns.append(time.perf_counter() - start)
     print(f"embedded model, {args.seeds} seeds, n = 3, CPU")
     print(f"probe estimation alone: {t_probe:.1f} s")
-    print(f"bshared end to end:     {t_bshared:.1f} s   ratio {t_bshared / t_probe:.3f} (target <= 1.3)")
-    print(f"bshared --from (fresh process, median of 3): {statistics.median(reruns):.2f} s (target <= 2 s)")
+    print(
+        f"bshared end to end:     {t_bshared:.1f} s   ratio {t_bshared / t_probe:.3f} (target <= 1.3)"
+    )
+    print(
+        f"bshared --from (fresh process, median of 3): {statistics.median(reruns):.2f} s (target <= 2 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ def main() -> None:
     )
     print(f"cached load of the embedded model: {load_s:.2f} s (in-process, after imports)")
     print(f"no-grad forward (full logits):     {t_fwd:.3f} s  (median of {args.reps})")
-    print(f"C + F, one padded batch:           {t_c:.3f} s  (median of {args.reps})  "
-          f"ratio {t_c / t_fwd:.2f} x   (target <= 2.3)")
+    print(
+        f"C + F, one padded batch:           {t_c:.3f} s  (median of {args.reps})  "
+        f"ratio {t_c / t_fwd:.2f} x   (target <= 2.3)"
+    )
     print(f"C + F, one row per forward (CPU default): {t_rows:.3f} s  ratio {t_rows / t_fwd:.2f} x")
 
 

@@ -64,7 +64,9 @@ def run_mode(mode: str, reps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -73,8 +75,12 @@ def main() -> None:
         return
     results = {}
     for mode in MODES:
-        output = subprocess.run([sys.executable, __file__, "--mode", mode, "--reps", str(args.reps)],
-                                check=True, capture_output=True, text=True).stdout
+        output = subprocess.run(
+            [sys.executable, __file__, "--mode", mode, "--reps", str(args.reps)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         results[mode] = json.loads(output.strip().splitlines()[-1])
     plain = results["plain"]["seconds"]
     print(f"{'mode':<11} {'median s':>9} {'x plain':>8} {'peak RSS GB':>12}")

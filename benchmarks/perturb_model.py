@@ -15,7 +15,9 @@ import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--out", required=True)
     parser.add_argument("--scale", type=float, default=0.05)

@@ -164,7 +164,10 @@ def probe(
         float, typer.Option("--fd-step", help="Gate step h of the fd estimator.")
     ] = 1e-2,
     fd_order: Annotated[
-        int, typer.Option("--fd-order", help="fd stencil: 2 (2K passes, O(h^2)) or 4 (4K passes, O(h^4)).")
+        int,
+        typer.Option(
+            "--fd-order", help="fd stencil: 2 (2K passes, O(h^2)) or 4 (4K passes, O(h^4))."
+        ),
     ] = 2,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
@@ -177,12 +180,15 @@ def probe(
     Writes one row per (model, seed, family, gate) with columns layer, sublayer, C, F,
     dl_dg, ell, dropped; run metadata is in the Parquet key-value metadata.
     """
-    from cdscope.commands.probe import ModelOptions, ProbeSettings, collect_control
+    from cdscope.commands.probe import collect_control
+    from cdscope.frames import ModelOptions, ProbeSettings
     from cdscope.io import check_writable
     from cdscope.probes import load_pool
     from cdscope.render import seed_summary_table
 
-    settings = ProbeSettings(tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order)
+    settings = ProbeSettings(
+        tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order
+    )
     target = check_writable(out)
     pool = load_pool(probe)
     frame, _ = collect_control(
@@ -246,7 +252,7 @@ def _run_audit_command(
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
-    from cdscope.commands.probe import ModelOptions, ProbeSettings
+    from cdscope.frames import ModelOptions, ProbeSettings
     from cdscope.io import check_plot_path, check_writable
 
     spec = AUDITS[command]
@@ -347,7 +353,6 @@ def bshared(
     paired differences against the first model (mean ± SE, negatives, 95% t-interval).
     """
     from cdscope.errors import AuditFailed
-    from cdscope.plots import plot_audit
 
     spec, result, outputs = _run_audit_command(
         "bshared",
@@ -367,6 +372,8 @@ def bshared(
         attn,
     )
     if plot is not None:
+        from cdscope.plots import plot_audit
+
         plot_audit(
             plot, "B_shared(C)", result.per_seed, result.summary, result.paired, ["B_shared_C"]
         )
@@ -409,8 +416,6 @@ def acg(
     F measures how strongly each sublayer is used, C how strongly it controls the
     likelihood of verified answers; ACG > 0 means usage is more shared than control.
     """
-    from cdscope.plots import plot_audit
-
     spec, result, outputs = _run_audit_command(
         "acg",
         model,
@@ -429,6 +434,8 @@ def acg(
         attn,
     )
     if plot is not None:
+        from cdscope.plots import plot_audit
+
         plot_audit(
             plot,
             "Activation vs control",
@@ -466,8 +473,6 @@ def decompose(
 
     Paired deltas of PR (a K-dependent count) are refused between models with different K.
     """
-    from cdscope.plots import plot_decompose
-
     spec, result, outputs = _run_audit_command(
         "decompose",
         model,
@@ -486,6 +491,8 @@ def decompose(
         attn,
     )
     if plot is not None:
+        from cdscope.plots import plot_decompose
+
         plot_decompose(plot, result.per_seed, result.summary)
     _report("decompose", spec, result, outputs, as_json)
 
@@ -589,7 +596,9 @@ def _eps_list(text: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise CdscopeError(f"--eps takes comma-separated numbers like 0.05,0.01; got {text!r}") from None
+        raise CdscopeError(
+            f"--eps takes comma-separated numbers like 0.05,0.01; got {text!r}"
+        ) from None
     if not values or any(v <= 0 for v in values):
         raise CdscopeError(f"--eps values must be positive; got {text!r}")
     return values
@@ -598,16 +607,24 @@ def _eps_list(text: str) -> list[float]:
 @app.command()
 @user_errors
 def gradcheck(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model (default: the embedded smollm2-135m).")] = "smollm2-135m",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Model (default: the embedded smollm2-135m).")
+    ] = "smollm2-135m",
     seeds: SeedsOpt = 3,
     n: NOpt = 3,
     probe: ProbeOpt = None,
     template: TemplateOpt = "plain",
-    eps: Annotated[str, typer.Option("--eps", help="Comma-separated gate steps to sweep.")] = "0.05,0.02,0.01,0.005,0.002,0.001",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path("results/gradcheck.parquet"),
+    eps: Annotated[
+        str, typer.Option("--eps", help="Comma-separated gate steps to sweep.")
+    ] = "0.05,0.02,0.01,0.005,0.002,0.001",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
+        "results/gradcheck.parquet"
+    ),
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
-    attn: Annotated[str, typer.Option("--attn", help="Attention kernel; the exact gradient needs eager.")] = "eager",
+    attn: Annotated[
+        str, typer.Option("--attn", help="Attention kernel; the exact gradient needs eager.")
+    ] = "eager",
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
@@ -623,8 +640,19 @@ def gradcheck(
     eps_values = _eps_list(eps)
     target = check_writable(out)
     pool = load_pool(probe)
-    frame = run_gradcheck(model, pool, tuple(range(seeds)), n, template, eps_values, target,
-                          device, dtype, attn, err_console)
+    frame = run_gradcheck(
+        model,
+        pool,
+        tuple(range(seeds)),
+        n,
+        template,
+        eps_values,
+        target,
+        device,
+        dtype,
+        attn,
+        err_console,
+    )
     out_console.print(gradcheck_table(frame))
     err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)
 

@@ -72,7 +72,9 @@ class GradResult:
 
 def trainable(model: nn.Module, params: Sequence[nn.Parameter] | None = None) -> list[nn.Parameter]:
     """The parameters to differentiate: ``params`` or every parameter with requires_grad."""
-    chosen = list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    chosen = (
+        list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    )
     if not chosen:
         raise ValueError("no parameters to differentiate (all have requires_grad=False)")
     return chosen
@@ -90,7 +92,9 @@ def _safe_inverse(ell: torch.Tensor) -> torch.Tensor:
     return 1.0 / torch.where(ell.abs() < EPS0, ell + EPS0 * sign, ell)
 
 
-def _grads(output: torch.Tensor, params: list[nn.Parameter], retain: bool = False) -> list[torch.Tensor]:
+def _grads(
+    output: torch.Tensor, params: list[nn.Parameter], retain: bool = False
+) -> list[torch.Tensor]:
     grads = torch.autograd.grad(output, params, allow_unused=True, retain_graph=retain)
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
 
@@ -125,12 +129,23 @@ def exact_grad(
         R = moment_ratio_torch(C)  # noqa: N806
         grads = _grads(R, chosen)
     except RuntimeError as exc:
-        if "derivative" in str(exc) or "double backward" in str(exc) or "not implemented" in str(exc):
+        if (
+            "derivative" in str(exc)
+            or "double backward" in str(exc)
+            or "not implemented" in str(exc)
+        ):
             raise _double_backward_error(exc, model) from exc
         raise
     families = [f for f, k in zip(batch.families, kept.tolist(), strict=True) if k]
-    return GradResult(grads, float(R.detach()), C.detach().double().cpu().numpy(), families, "exact", None,
-                      time.perf_counter() - start)
+    return GradResult(
+        grads,
+        float(R.detach()),
+        C.detach().double().cpu().numpy(),
+        families,
+        "exact",
+        None,
+        time.perf_counter() - start,
+    )
 
 
 def check_step_resolution(eps: float, dtype: torch.dtype, richardson: bool) -> None:
@@ -229,8 +244,15 @@ def proxy_grad(
             acc.add_(g)
     families = [f for f, k in zip(batch.families, kept.tolist(), strict=True) if k]
     R = float(moment_ratio_torch(C_bar.double()))  # noqa: N806
-    return GradResult(grads, R, C_bar.double().cpu().numpy(), families,
-                      "richardson" if richardson else "proxy", eps, time.perf_counter() - start)
+    return GradResult(
+        grads,
+        R,
+        C_bar.double().cpu().numpy(),
+        families,
+        "richardson" if richardson else "proxy",
+        eps,
+        time.perf_counter() - start,
+    )
 
 
 def regularizer_grad(
@@ -246,8 +268,12 @@ def regularizer_grad(
     if estimator == "exact":
         return exact_grad(gm, batch, params)
     if estimator in ("proxy", "richardson"):
-        return proxy_grad(gm, batch, eps, params, detach_normaliser, estimator == "richardson", batch_size)
-    raise CdscopeError(f"gradient estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}")
+        return proxy_grad(
+            gm, batch, eps, params, detach_normaliser, estimator == "richardson", batch_size
+        )
+    raise CdscopeError(
+        f"gradient estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}"
+    )
 
 
 def fidelity(approx: GradResult, exact: GradResult) -> dict[str, float]:

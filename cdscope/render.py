@@ -21,7 +21,7 @@ def short_model_name(name: str) -> str:
 
 def seed_summary_table(frame: pd.DataFrame) -> Table:
     """Per (model, seed): B_shared(C), B_shared(F) in percent and l_m per family."""
-    from cdscope.commands.probe import control_matrices
+    from cdscope.frames import control_matrices
 
     table = Table(
         title="Control per seed: B_shared in %, l_m = mean log-likelihood", title_justify="left"
@@ -40,8 +40,13 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
         kept_c = C.get((model, int(seed)))
         bc = _pct(b_shared(kept_c[1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         bf = _pct(b_shared(F[(model, int(seed))][1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
-        cells = [short_model_name(str(model)), str(seed), bc, bf,
-                 *[f"{ell.get(f, float('nan')):.1f}" for f in families]]
+        cells = [
+            short_model_name(str(model)),
+            str(seed),
+            bc,
+            bf,
+            *[f"{ell.get(f, float('nan')):.1f}" for f in families],
+        ]
         table.add_row(*cells, *([", ".join(dropped) or "-"] if any_dropped else []))
     return table
 
@@ -138,8 +143,12 @@ def random_ref_table(stats: dict) -> Table:
 def gradcheck_table(frame: pd.DataFrame) -> Table:
     """Per (estimator, eps): cosine and relative error vs exact, per seed and worst case."""
     seeds = sorted(frame["seed"].unique())
-    table = Table(title="Regulariser gradient vs exact (cosine | relative L2 error)", title_justify="left",
-                  caption="* = default estimator; time = median seconds per gradient", caption_justify="left")
+    table = Table(
+        title="Regulariser gradient vs exact (cosine | relative L2 error)",
+        title_justify="left",
+        caption="* = default estimator; time = median seconds per gradient",
+        caption_justify="left",
+    )
     table.add_column("estimator", no_wrap=True)
     table.add_column("eps", justify="right")
     for seed in seeds:
@@ -149,10 +158,19 @@ def gradcheck_table(frame: pd.DataFrame) -> Table:
     for (estimator, eps), group in frame.groupby(["estimator", "eps"], sort=False):
         by_seed = group.set_index("seed")
         star = "*" if bool(group["is_default"].any()) else ""
-        cells = [f"{by_seed.loc[s, 'cosine']:.6f} | {by_seed.loc[s, 'rel_error']:.1e}" if s in by_seed.index else "-"
-                 for s in seeds]
-        table.add_row(f"{estimator}{star}", f"{eps:g}", *cells, f"{group['cosine'].min():.6f}",
-                      f"{group['seconds'].median():.1f}")
+        cells = [
+            f"{by_seed.loc[s, 'cosine']:.6f} | {by_seed.loc[s, 'rel_error']:.1e}"
+            if s in by_seed.index
+            else "-"
+            for s in seeds
+        ]
+        table.add_row(
+            f"{estimator}{star}",
+            f"{eps:g}",
+            *cells,
+            f"{group['cosine'].min():.6f}",
+            f"{group['seconds'].median():.1f}",
+        )
     exact = frame.groupby("seed")["exact_seconds"].first().median()
     table.add_row("exact", "-", *["1 | 0" for _ in seeds], "1", f"{exact:.1f}")
     return table

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cdscope import spectral
 from cdscope.cli import app
-from cdscope.commands.probe import control_matrices
+from cdscope.frames import control_matrices
 from cdscope.stats import paired_difference
 
 runner = CliRunner()

@@ -52,24 +52,28 @@ def test_exact_gradient_matches_finite_differences_of_R(model, probe_batch) -> N
     analytic = sum(float((g * d).sum()) for g, d in zip(exact.grads, direction, strict=True))
     assert analytic == pytest.approx(numeric, rel=1e-4)
     assert abs(numeric) > 1e-8
-    assert exact.R == pytest.approx(_R_of(model, probe_batch), rel=1e-6)  # llama norms run in fp32
+    assert pytest.approx(_R_of(model, probe_batch), rel=1e-6) == exact.R  # llama norms run in fp32
 
 
 def test_proxy_converges_to_the_exact_gradient(model, probe_batch) -> None:
     with GatedModel(model) as gm:
         exact = exact_grad(gm, probe_batch)
         tiny = proxy_grad(gm, probe_batch, eps=1e-4)
-        errors = [fidelity(proxy_grad(gm, probe_batch, eps=e), exact)["rel_error"] for e in (0.04, 0.02)]
+        errors = [
+            fidelity(proxy_grad(gm, probe_batch, eps=e), exact)["rel_error"] for e in (0.04, 0.02)
+        ]
     assert fidelity(tiny, exact)["cosine"] >= 0.9999
     assert 3.5 < errors[0] / errors[1] < 4.5  # O(eps^2)
-    assert tiny.R == pytest.approx(exact.R, rel=1e-10)
+    assert pytest.approx(exact.R, rel=1e-10) == tiny.R
 
 
 def test_richardson_cancels_the_eps_squared_term(model, probe_batch) -> None:
     with GatedModel(model) as gm:
         exact = exact_grad(gm, probe_batch)
         plain = fidelity(proxy_grad(gm, probe_batch, eps=0.04), exact)["rel_error"]
-        better = fidelity(proxy_grad(gm, probe_batch, eps=0.04, richardson=True), exact)["rel_error"]
+        better = fidelity(proxy_grad(gm, probe_batch, eps=0.04, richardson=True), exact)[
+            "rel_error"
+        ]
     assert better < plain / 20
 
 

@@ -23,8 +23,8 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope import spectral
-from cdscope.commands.probe import FRAME_COLUMNS, ModelOptions, ProbeSettings, collect_control
 from cdscope.errors import CdscopeError
+from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.io import read_parquet, run_metadata, write_parquet
 from cdscope.probes import load_pool
 from cdscope.stats import mean_se, paired_difference
@@ -204,6 +204,8 @@ def run_audit(
                 f"B_shared needs at least 2 task families (M >= 2); the probe has {len(pool.families)}: "
                 f"{', '.join(pool.families)}"
             )
+        from cdscope.commands.probe import collect_control  # the model stack, only when measuring
+
         probe_frame, probe_meta = collect_control(
             model_specs or [],
             pool,

@@ -22,8 +22,18 @@ from cdscope.models import load_model
 from cdscope.probes import ProbePool, draw_probe
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, exact_grad, fidelity, proxy_grad
 
-COLUMNS = ["model", "seed", "estimator", "eps", "is_default", "cosine", "rel_error", "seconds",
-           "exact_seconds", "R"]
+COLUMNS = [
+    "model",
+    "seed",
+    "estimator",
+    "eps",
+    "is_default",
+    "cosine",
+    "rel_error",
+    "seconds",
+    "exact_seconds",
+    "R",
+]
 
 
 def run_gradcheck(
@@ -45,19 +55,40 @@ def run_gradcheck(
     if (DEFAULT_ESTIMATOR, DEFAULT_EPS) not in variants:
         variants.append((DEFAULT_ESTIMATOR, DEFAULT_EPS))
     metadata = run_metadata(
-        "gradcheck", probe_hash=pool.hash, probe_files=list(pool.paths), families=pool.families,
-        seeds=list(seeds), settings={"n": n, "template": template}, eps=list(eps_list),
+        "gradcheck",
+        probe_hash=pool.hash,
+        probe_files=list(pool.paths),
+        families=pool.families,
+        seeds=list(seeds),
+        settings={"n": n, "template": template},
+        eps=list(eps_list),
         default={"estimator": DEFAULT_ESTIMATOR, "eps": DEFAULT_EPS},
-        models=[{"name": loaded.name, "revision": loaded.revision, "dtype": str(loaded.dtype),
-                 "attn": loaded.model.config._attn_implementation, "device": str(loaded.device)}],
+        models=[
+            {
+                "name": loaded.name,
+                "revision": loaded.revision,
+                "dtype": str(loaded.dtype),
+                "attn": loaded.model.config._attn_implementation,
+                "device": str(loaded.device),
+            }
+        ],
     )
     rows: list[dict] = []
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
     with GatedModel(loaded.model) as gm, Progress(*columns, console=console) as progress:
         task = progress.add_task("gradcheck", total=len(seeds) * (1 + len(variants)))
         for seed in seeds:
-            batch = encode_probe(draw_probe(pool, seed, n), loaded.tokenizer, template,
-                                 pad_id=getattr(loaded.tokenizer, "pad_token_id", None) or 0)
+            batch = encode_probe(
+                draw_probe(pool, seed, n),
+                loaded.tokenizer,
+                template,
+                pad_id=getattr(loaded.tokenizer, "pad_token_id", None) or 0,
+            )
             batch.to(loaded.device)
             progress.update(task, description=f"seed {seed}: exact")
             exact = exact_grad(gm, batch)
@@ -65,10 +96,19 @@ def run_gradcheck(
             for estimator, eps in variants:
                 progress.update(task, description=f"seed {seed}: {estimator} eps={eps:g}")
                 approx = proxy_grad(gm, batch, eps, richardson=estimator == "richardson")
-                rows.append({"model": model_spec, "seed": seed, "estimator": estimator, "eps": eps,
-                             "is_default": (estimator, eps) == (DEFAULT_ESTIMATOR, DEFAULT_EPS),
-                             **fidelity(approx, exact), "seconds": approx.seconds,
-                             "exact_seconds": exact.seconds, "R": exact.R})
+                rows.append(
+                    {
+                        "model": model_spec,
+                        "seed": seed,
+                        "estimator": estimator,
+                        "eps": eps,
+                        "is_default": (estimator, eps) == (DEFAULT_ESTIMATOR, DEFAULT_EPS),
+                        **fidelity(approx, exact),
+                        "seconds": approx.seconds,
+                        "exact_seconds": exact.seconds,
+                        "R": exact.R,
+                    }
+                )
                 progress.advance(task)
             write_parquet(pd.DataFrame(rows, columns=COLUMNS), out, metadata)
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -9,7 +9,6 @@ so an interrupted run keeps what it finished and ``--resume`` skips it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,61 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cdscope.batch import encode_probe
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
 from cdscope.errors import CdscopeError
+from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, run_metadata, write_parquet
 from cdscope.models import LoadedModel, load_model
 from cdscope.probes import ProbePool, draw_probe
-
-ESTIMATORS = ("autograd", "fd")
-FRAME_COLUMNS = [
-    "model",
-    "seed",
-    "family",
-    "gate",
-    "layer",
-    "sublayer",
-    "C",
-    "F",
-    "dl_dg",
-    "ell",
-    "dropped",
-]
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """What defines a probe measurement; runs are comparable only when these agree."""
-
-    seeds: tuple[int, ...]
-    n: int = 3
-    template: str = "plain"
-    estimator: str = "autograd"
-    batch_size: int | None = None
-    fd_step: float = 1e-2
-    fd_order: int = 2
-
-    def __post_init__(self) -> None:
-        if not self.seeds:
-            raise CdscopeError("--seeds must be at least 1")
-        if self.estimator not in ESTIMATORS:
-            raise CdscopeError(
-                f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
-            )
-        if self.fd_order not in (2, 4):
-            raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
-
-    def comparable(self) -> dict:
-        """The settings two runs must share for their numbers to be paired."""
-        return {"n": self.n, "template": self.template, "estimator": self.estimator}
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    device: str = "auto"
-    dtype: str = "auto"
-    attn: str = "auto"
 
 
 def measure(
@@ -227,15 +176,3 @@ def collect_control(
                     progress.advance(task)
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=FRAME_COLUMNS)
     return frame, metadata
-
-
-def control_matrices(
-    frame: pd.DataFrame, value: str = "C"
-) -> dict[tuple[str, int], tuple[list[str], np.ndarray]]:
-    """Long frame -> {(model, seed): (kept families, [M, K] matrix of ``value``)}; dropped rows excluded."""
-    matrices = {}
-    kept = frame[~frame["dropped"]]
-    for (model, seed), group in kept.groupby(["model", "seed"], sort=False):
-        wide = group.pivot(index="family", columns="gate", values=value).sort_index()
-        matrices[(model, int(seed))] = (list(wide.index), wide.to_numpy())
-    return matrices

@@ -1,0 +1,77 @@
+"""The probe frame: long-format schema and the settings that define a measurement.
+
+Light on purpose (numpy and pandas only): commands that only read an existing probe
+file (``--from``) import this, not the model stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from cdscope.errors import CdscopeError
+
+ESTIMATORS = ("autograd", "fd")
+FRAME_COLUMNS = [
+    "model",
+    "seed",
+    "family",
+    "gate",
+    "layer",
+    "sublayer",
+    "C",
+    "F",
+    "dl_dg",
+    "ell",
+    "dropped",
+]
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What defines a probe measurement; runs are comparable only when these agree."""
+
+    seeds: tuple[int, ...]
+    n: int = 3
+    template: str = "plain"
+    estimator: str = "autograd"
+    batch_size: int | None = None
+    fd_step: float = 1e-2
+    fd_order: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise CdscopeError("--seeds must be at least 1")
+        if self.estimator not in ESTIMATORS:
+            raise CdscopeError(
+                f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
+            )
+        if self.fd_order not in (2, 4):
+            raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
+
+    def comparable(self) -> dict:
+        """The settings two runs must share for their numbers to be paired."""
+        return {"n": self.n, "template": self.template, "estimator": self.estimator}
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    device: str = "auto"
+    dtype: str = "auto"
+    attn: str = "auto"
+
+
+def control_matrices(
+    frame: pd.DataFrame, value: str = "C"
+) -> dict[tuple[str, int], tuple[list[str], np.ndarray]]:
+    """Long frame -> {(model, seed): (kept families, [M, K] matrix of ``value``)}; dropped rows excluded."""
+    matrices = {}
+    kept = frame[~frame["dropped"]]
+    for (model, seed), group in kept.groupby(["model", "seed"], sort=False):
+        wide = group.pivot(index="family", columns="gate", values=value).sort_index()
+        matrices[(model, int(seed))] = (list(wide.index), wide.to_numpy())
+    return matrices

@@ -49,8 +49,10 @@ def main() -> None:
     print(
         f"embedded model, {args.dtype}, seed {args.seed}, n {args.n} ({batch.B} sequences), K {gm.gate_set.K}"
     )
+    checked = len(columns) if columns is not None else gm.gate_set.K
     print(
-        f"autograd: {t_fast:.1f} s   fd (2K = {2 * gm.gate_set.K} gated forwards, h = {args.step}): {t_slow:.1f} s"
+        f"autograd: {t_fast:.1f} s   fd (order {args.order}, {args.order * checked} gated passes over "
+        f"{checked} gates, h = {args.step}): {t_slow:.1f} s"
     )
     print(f"relative Frobenius error of C: {rel:.2e}   (target <= 1e-3)")
     print(f"max |l_m difference|: {np.abs(fast.ell - slow.ell).max():.2e}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -24,7 +25,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-out_console = Console()
+# Piped or redirected output (CI logs, files) gets wide tables instead of 80-column wraps.
+out_console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -372,11 +374,7 @@ def bshared(
         attn,
     )
     if plot is not None:
-        from cdscope.plots import plot_audit
-
-        plot_audit(
-            plot, "B_shared(C)", result.per_seed, result.summary, result.paired, ["B_shared_C"]
-        )
+        _draw_audit("bshared", plot, result)
     failed = []
     if fail_above is not None:
         means = result.summary[result.summary["measure"] == "B_shared_C"]
@@ -390,111 +388,72 @@ def bshared(
         raise AuditFailed(f"mean B_shared(C) above {fail_above}%: {', '.join(failed)}")
 
 
-@app.command()
-@user_errors
-def acg(
-    model: ModelOpt = None,
-    seeds: AuditSeedsOpt = None,
-    n: AuditNOpt = None,
-    probe: ProbeOpt = None,
-    template: AuditTemplateOpt = None,
-    out: Annotated[
-        Path,
-        typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
-    ] = Path("results/acg.parquet"),
-    plot: PlotOpt = None,
-    as_json: JsonOpt = False,
-    from_path: FromOpt = None,
-    resume: ResumeOpt = False,
-    batch_size: BatchOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: AttnOpt = "auto",
-) -> None:
+def _draw_audit(command: str, plot: Path, result) -> None:  # noqa: ANN001
+    """The figure of each audit command."""
+    from cdscope.plots import plot_audit, plot_decompose
+
+    if command == "decompose":
+        plot_decompose(plot, result.per_seed, result.summary)
+        return
+    measures, title = {
+        "bshared": (["B_shared_C"], "B_shared(C)"),
+        "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
+    }[command]
+    plot_audit(plot, title, result.per_seed, result.summary, result.paired, measures)
+
+
+def _register_audit_command(command: str, doc: str) -> None:
+    """acg and decompose share bshared's options (without the CI gate): one definition."""
+
+    def audit_command(
+        model: ModelOpt = None,
+        seeds: AuditSeedsOpt = None,
+        n: AuditNOpt = None,
+        probe: ProbeOpt = None,
+        template: AuditTemplateOpt = None,
+        out: Annotated[
+            Path,
+            typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
+        ] = Path(f"results/{command}.parquet"),
+        plot: PlotOpt = None,
+        as_json: JsonOpt = False,
+        from_path: FromOpt = None,
+        resume: ResumeOpt = False,
+        batch_size: BatchOpt = None,
+        device: DeviceOpt = "auto",
+        dtype: DtypeOpt = "auto",
+        attn: AttnOpt = "auto",
+    ) -> None:
+        spec, result, outputs = _run_audit_command(
+            command, model, seeds, n, probe, template, out, plot, as_json, from_path, resume,
+            batch_size, device, dtype, attn,
+        )  # fmt: skip
+        if plot is not None:
+            _draw_audit(command, plot, result)
+        _report(command, spec, result, outputs, as_json)
+
+    audit_command.__doc__ = doc
+    audit_command.__name__ = command
+    app.command(command)(user_errors(audit_command))
+
+
+_register_audit_command(
+    "acg",
     """Activation-control gap ACG = B_shared(F) - B_shared(C) per model and seed (SPEC §3).
 
     F measures how strongly each sublayer is used, C how strongly it controls the
     likelihood of verified answers; ACG > 0 means usage is more shared than control.
-    """
-    spec, result, outputs = _run_audit_command(
-        "acg",
-        model,
-        seeds,
-        n,
-        probe,
-        template,
-        out,
-        plot,
-        as_json,
-        from_path,
-        resume,
-        batch_size,
-        device,
-        dtype,
-        attn,
-    )
-    if plot is not None:
-        from cdscope.plots import plot_audit
+    """,
+)
+_register_audit_command(
+    "decompose",
+    """Decompose B_shared: direction sharing B_dir, row-norm share B_norm, |cos|, PR (SPEC §3).
 
-        plot_audit(
-            plot,
-            "Activation vs control",
-            result.per_seed,
-            result.summary,
-            result.paired,
-            ["B_shared_F", "B_shared_C", "ACG"],
-        )
-    _report("acg", spec, result, outputs, as_json)
-
-
-@app.command()
-@user_errors
-def decompose(
-    model: ModelOpt = None,
-    seeds: AuditSeedsOpt = None,
-    n: AuditNOpt = None,
-    probe: ProbeOpt = None,
-    template: AuditTemplateOpt = None,
-    out: Annotated[
-        Path,
-        typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
-    ] = Path("results/decompose.parquet"),
-    plot: PlotOpt = None,
-    as_json: JsonOpt = False,
-    from_path: FromOpt = None,
-    resume: ResumeOpt = False,
-    batch_size: BatchOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: AttnOpt = "auto",
-) -> None:
-    """Why B_shared is what it is: direction sharing B_dir, row-norm share B_norm,
-    pairwise |cos| of family rows and each family's participation ratio (SPEC §3).
-
+    Per model and seed: B_dir (B_shared of the row-normalised C), B_norm (largest share of
+    squared row norms), |cos| of every family pair and each family's participation ratio.
     Paired deltas of PR (a K-dependent count) are refused between models with different K.
-    """
-    spec, result, outputs = _run_audit_command(
-        "decompose",
-        model,
-        seeds,
-        n,
-        probe,
-        template,
-        out,
-        plot,
-        as_json,
-        from_path,
-        resume,
-        batch_size,
-        device,
-        dtype,
-        attn,
-    )
-    if plot is not None:
-        from cdscope.plots import plot_decompose
-
-        plot_decompose(plot, result.per_seed, result.summary)
-    _report("decompose", spec, result, outputs, as_json)
+    """,
+)
 
 
 @app.command("random-ref")
@@ -592,6 +551,90 @@ def random_ref(
     )
 
 
+@app.command("eap-info")
+@user_errors
+def eap_info(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Model (default: the embedded smollm2-135m).")
+    ] = "smollm2-135m",
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="Base model to compare with: same architecture and layer count; only samples both answer correctly are used.",
+        ),
+    ] = None,
+    family: Annotated[
+        str,
+        typer.Option("--family", "-f", help="Probe family whose prompts are answered and scored."),
+    ] = "math",
+    n: Annotated[
+        int, typer.Option("--n", min=1, help="Samples drawn from the family (seeded, SPEC §4).")
+    ] = 5,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Probe draw seed; also seeds the bootstrap.")
+    ] = 0,
+    probe: ProbeOpt = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Per-sample Parquet; the mean edge matrix goes to OUT.edges.parquet.",
+        ),
+    ] = Path("results/eap.parquet"),
+    plot: PlotOpt = None,
+    use_targets: Annotated[
+        bool,
+        typer.Option(
+            "--use-targets",
+            help="Score the probe targets instead of the model's verified answers (answer_source = probe_target).",
+        ),
+    ] = False,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-tokens", min=1, help="Skip (and count) samples whose prompt + answer is longer."
+        ),
+    ] = 512,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="Greedy generation bound per answer.")
+    ] = 256,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+) -> None:
+    """Edge attribution statistics of verified answers: intensity, information complexity, kurtosis (SPEC §6).
+
+    Zero-ablation EAP on a layer-level graph (emb, attn/mlp per layer with q/k/v paths,
+    logits; 4L^2 + 3L + 1 edges), one forward + one backward per batch; Loss = mean NLL
+    of the answer tokens. Reports means with bootstrap 95% intervals (B = 2000) and, with
+    --baseline, paired differences model - baseline.
+    """
+    from cdscope.commands.eap_info import EapSettings, run_eap_info, write_eap_outputs
+    from cdscope.commands.probe import ModelOptions
+    from cdscope.io import check_plot_path, check_writable
+    from cdscope.probes import load_pool
+    from cdscope.render import eap_summary_table
+
+    settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)
+    target = check_writable(out)
+    if plot is not None:
+        check_plot_path(plot)
+    result = run_eap_info(
+        model, baseline, load_pool(probe), settings, ModelOptions(device, dtype, attn), err_console
+    )
+    if plot is not None:  # first: a failing figure leaves no Parquet behind
+        from cdscope.plots import plot_eap
+
+        plot_eap(plot, result.graph, result.edges, result.per_sample, result.summary)
+    outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})
+    out_console.print(eap_summary_table(result.summary, result.paired, result.metadata["counts"]))
+    for name, path in outputs.items():
+        err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)
+
+
 def _eps_list(text: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
@@ -625,11 +668,15 @@ def gradcheck(
     attn: Annotated[
         str, typer.Option("--attn", help="Attention kernel; the exact gradient needs eager.")
     ] = "eager",
+    richardson_sweep: Annotated[
+        bool, typer.Option("--richardson-sweep", help="Also sweep the Richardson proxy over every --eps.")
+    ] = False,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
     Per seed: the exact d R(C(theta))/d theta by double backward, then the fixed-step
-    proxy and the Richardson proxy at each --eps, and the default estimator; cosine and
+    proxy at each --eps (and the Richardson proxy too with --richardson-sweep), and the
+    default estimator (Richardson, eps 0.01); cosine and
     relative L2 error against the exact gradient, with wall time of each.
     """
     from cdscope.commands.gradcheck import run_gradcheck
@@ -652,6 +699,7 @@ def gradcheck(
         dtype,
         attn,
         err_console,
+        richardson_sweep,
     )
     out_console.print(gradcheck_table(frame))
     err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)

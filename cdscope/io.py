@@ -75,6 +75,12 @@ def check_plot_path(path: Path) -> str:
     return suffix
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 def atomic_write_bytes(path: str | Path, write: object) -> None:
     """Call ``write(tmp_path)`` and rename the temporary file onto ``path``."""
     target = Path(path)
@@ -83,6 +89,7 @@ def atomic_write_bytes(path: str | Path, write: object) -> None:
     os.close(fd)
     try:
         write(tmp)  # type: ignore[operator]
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

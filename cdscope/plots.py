@@ -121,7 +121,7 @@ def _forest(ax: plt.Axes, paired: pd.DataFrame, measures: list[str]) -> None:
         )
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax.set_ylim(max(len(rows), 2) - 0.5, -0.5)  # top to bottom, no empty band for few rows
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # top to bottom, no empty band for few rows
     reference = _short(str(paired["reference"].iloc[0])) if len(paired) else ""
     ax.set_xlabel(f"Δ vs {reference} (percentage points, 95% t-interval)")
     ax.set_title("Same-seed paired differences")
@@ -218,5 +218,126 @@ def plot_random_reference(
     ax.set_ylabel("trials")
     ax.set_title(f"Random reference: M = {M}, K = {K}, {len(samples):,} trials")
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _layer_ticks(names: list[str], prefix: str, L: int) -> tuple[list[int], list[str]]:  # noqa: N803
+    """Every name when there are few; else the first name of every few layers (~8 labels)."""
+    if len(names) <= 32:
+        return list(range(len(names))), list(names)
+    step = max(1, int(np.ceil(L / 8)))
+    first = step if "emb" in names else 0  # emb and attn0 are neighbours: label one
+    wanted = {f"{prefix}{i}" for i in range(first, L, step)} | {"emb", "logits"}
+    picks = [(i, n) for i, n in enumerate(names) if n.split(".")[0] in wanted]
+    seen, ticks, labels = set(), [], []
+    for i, name in picks:
+        node = name.split(".")[0]
+        if node not in seen:
+            seen.add(node)
+            ticks.append(i)
+            labels.append(name)
+    return ticks, labels
+
+
+def _edge_heatmap(
+    ax: plt.Axes,
+    fig: plt.Figure,
+    matrix: np.ndarray,
+    graph,
+    title: str,
+    limits: tuple[float, float],
+) -> None:  # noqa: ANN001
+    """log10 |mean edge score| matrix: upstream node (rows) x downstream path (columns)."""
+    cmap = plt.get_cmap("magma").with_extremes(bad="#eeeeee")  # grey: no such edge
+    image = ax.imshow(
+        np.log10(matrix),
+        aspect="auto",
+        cmap=cmap,
+        vmin=limits[0],
+        vmax=limits[1],
+        interpolation="nearest",
+    )
+    L = graph.num_layers  # noqa: N806
+    xt, xl = _layer_ticks(graph.consumer_names, "attn", L)
+    yt, yl = _layer_ticks(list(graph.upstream), "attn", L)
+    ax.set_xticks(xt, xl, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(yt, yl, fontsize=8)
+    for layer in range(1, L + 1):  # layer boundaries: attn{l}.q starts a block of 4 paths
+        ax.axvline(4 * layer - 0.5, color="white", lw=0.3, alpha=0.5)
+    ax.set_xlabel("downstream node . path (q/k/v into attention, in = MLP / logits input)")
+    ax.set_ylabel("upstream node (writes)")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="log10 mean |s(u → v)|")
+
+
+def _stat_strip(
+    ax: plt.Axes, per_sample: pd.DataFrame, summary: pd.DataFrame, key: str, models: list[str]
+) -> None:
+    """Per-sample values (dots, paired samples joined) with the mean and its 95% interval."""
+    values = per_sample.pivot(index="sample_id", columns="model", values=key)
+    jitter = np.random.default_rng(0).uniform(-0.08, 0.08, len(values))
+    if len(models) == 2:  # join each sample's two values
+        for j, (va, vb) in enumerate(zip(values[models[0]], values[models[1]], strict=True)):
+            ax.plot([jitter[j], 1 + jitter[j]], [va, vb], color="grey", lw=0.5, alpha=0.5)
+    for i, model in enumerate(models):
+        ax.scatter(
+            i + jitter,
+            values[model],
+            s=16,
+            color=PALETTE[i % len(PALETTE)],
+            alpha=0.7,
+            edgecolor="black",
+            linewidth=0.4,
+            zorder=3,
+        )
+        row = summary[(summary["model"] == model) & (summary["statistic"] == key)].iloc[0]
+        ax.errorbar(
+            i + 0.22,
+            row["mean"],
+            yerr=[[row["mean"] - row["ci_low"]], [row["ci_high"] - row["mean"]]],
+            fmt="D",
+            color="black",
+            capsize=4,
+            ms=5,
+        )
+    ax.set_xticks(range(len(models)), [_short(m, 16) for m in models], fontsize=8)
+    ax.set_xlim(-0.5, len(models) - 0.5)
+    ax.set_title(EAP_LABELS[key])
+
+
+EAP_LABELS = {
+    "intensity": "intensity = mean |s_e|",
+    "info_complexity": "information complexity = H(p) / log E",
+    "kurtosis": "kurtosis of |s_e| (Pearson)",
+}
+
+
+def plot_eap(
+    path: Path,
+    graph,
+    edges: pd.DataFrame,
+    per_sample: pd.DataFrame,  # noqa: ANN001
+    summary: pd.DataFrame,
+) -> None:
+    """Mean |edge score| heatmap per model (shared log colour scale) and per-sample statistics."""
+    _style()
+    models = list(dict.fromkeys(per_sample["model"]))
+    matrices = {
+        m: graph.matrix(edges[edges["model"] == m]["mean_abs_score"].to_numpy()) for m in models
+    }
+    logs = np.log10(np.concatenate([x[np.isfinite(x) & (x > 0)] for x in matrices.values()]))
+    limits = (float(np.quantile(logs, 0.02)), float(logs.max()))  # keep ~0 edges from washing out
+    fig = plt.figure(figsize=(13, 5.2 * len(models) + 3.4))
+    grid = fig.add_gridspec(len(models) + 1, 3, height_ratios=[5.2] * len(models) + [3.0])
+    n = int(per_sample.groupby("model").size().max())
+    for i, model in enumerate(models):
+        title = (
+            f"{_short(model, 40)}: mean |edge score| over {n} sample(s), "
+            f"{graph.E:,} edges, L = {graph.num_layers}"
+        )
+        _edge_heatmap(fig.add_subplot(grid[i, :]), fig, matrices[model], graph, title, limits)
+    for j, key in enumerate(("intensity", "info_complexity", "kurtosis")):
+        _stat_strip(fig.add_subplot(grid[len(models), j]), per_sample, summary, key, models)
     fig.tight_layout()
     _save(fig, path)

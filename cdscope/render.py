@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
 
 from cdscope.spectral import b_shared
@@ -41,7 +42,7 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
         bc = _pct(b_shared(kept_c[1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         bf = _pct(b_shared(F[(model, int(seed))][1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         cells = [
-            short_model_name(str(model)),
+            escape(short_model_name(str(model))),
             str(seed),
             bc,
             bf,
@@ -74,7 +75,7 @@ def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
     for model in dict.fromkeys(per_seed["model"]):
         values = rows[rows["model"] == model].set_index("seed")["value"]
         table.add_row(
-            short_model_name(str(model)),
+            escape(short_model_name(str(model))),
             *[_fmt(values.get(s, float("nan")), measure) for s in seeds],
         )
     return table
@@ -98,8 +99,8 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
     for _, row in summary.iterrows():
         measure = row["measure"]
         cells = [
-            short_model_name(str(row["model"])),
-            measure,
+            escape(short_model_name(str(row["model"]))),
+            escape(measure),
             f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}",
         ]
         if not paired.empty:
@@ -173,4 +174,54 @@ def gradcheck_table(frame: pd.DataFrame) -> Table:
         )
     exact = frame.groupby("seed")["exact_seconds"].first().median()
     table.add_row("exact", "-", *["1 | 0" for _ in seeds], "1", f"{exact:.1f}")
+    return table
+
+
+def _g(value: float, signed: bool = False) -> str:
+    """Significant digits for statistics of any scale (edge scores are often ~1e-3)."""
+    if value != value:  # NaN
+        return "n/a"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
+
+
+def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict) -> Table:
+    """Per model and statistic: mean over samples with its bootstrap interval; paired Δ."""
+    caption = "; ".join(
+        f"{short_model_name(str(m))}: {c.get('correct', 0)}/{c.get('drawn', 0)} correct"
+        f" ({c.get('incorrect', 0)} wrong, {c.get('unsupported', 0)} unsupported,"
+        f" {c.get('too_long', 0)} too long)"
+        for m, c in counts.items()
+    )
+    table = Table(
+        title="Edge attribution per sample: mean [95% bootstrap interval]",
+        title_justify="left",
+        caption=caption + ("; Δ = model - baseline on the same samples" if len(paired) else ""),
+        caption_justify="left",
+    )
+    for column in ("model", "statistic"):
+        table.add_column(column, no_wrap=True)
+    for column in ("n", "mean", "95% CI"):
+        table.add_column(column, justify="right", no_wrap=True)
+    if len(paired):
+        table.add_column("Δ", justify="right", no_wrap=True)
+        table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+    for row in summary.itertuples():
+        cells = [
+            short_model_name(str(row.model)),
+            str(row.statistic),
+            str(row.n),
+            _g(row.mean),
+            f"[{_g(row.ci_low)}, {_g(row.ci_high)}]",
+        ]
+        if len(paired):
+            d = paired[(paired["model"] == row.model) & (paired["statistic"] == row.statistic)]
+            cells += (
+                ["", ""]
+                if d.empty
+                else [
+                    _g(d["mean_diff"].iloc[0], True),
+                    f"[{_g(d['ci_low'].iloc[0], True)}, {_g(d['ci_high'].iloc[0], True)}]",
+                ]
+            )
+        table.add_row(*cells)
     return table

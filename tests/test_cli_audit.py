@@ -159,6 +159,9 @@ def test_acg_and_decompose(two_models, pool, tmp_path) -> None:
         tmp_path / "d.png",
     )
     assert result.exit_code == 0, result.output
+    assert (
+        "abs_cos[code|logic]" in result.output and "PR[math]" in result.output
+    )  # not eaten as markup
     dec = pd.read_parquet(tmp_path / "d.parquet")
     assert {"B_dir", "B_norm", "abs_cos[code|logic]", "PR[math]"} <= set(dec["measure"])
     assert (tmp_path / "d.png").stat().st_size > 10_000
@@ -258,3 +261,17 @@ def test_unwritable_out_is_refused(tmp_path) -> None:
     (tmp_path / "f").write_text("x")
     result = invoke("random-ref", "-M", 3, "-K", 5, "-o", tmp_path / "f" / "r.parquet")
     assert result.exit_code == 2 and "cannot write" in result.output
+
+
+def test_bshared_resume_keeps_finished_seeds(two_models, pool, tmp_path) -> None:
+    out = tmp_path / "b.parquet"
+    args = ("bshared", "-m", two_models[0], "-p", pool, "--n", 2, "-o", out)
+    assert invoke(*args, "--seeds", 1).exit_code == 0
+    resumed = invoke(*args, "--seeds", 2, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "keeping 1 finished" in resumed.output
+    assert sorted(pd.read_parquet(out)["seed"].unique()) == [0, 1]
+    refused = invoke(
+        "bshared", "--from", tmp_path / "b.probe.parquet", "--resume", "-o", tmp_path / "c.parquet"
+    )
+    assert refused.exit_code == 2 and "does not apply to --from" in refused.output

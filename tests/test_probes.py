@@ -105,3 +105,20 @@ def test_chat_template_without_one_is_refused(pool_file, tokenizer) -> None:
         encode_probe(items, tokenizer, "chat")
     with pytest.raises(CdscopeError, match="--template must be"):
         encode_probe(items, tokenizer, "fancy")
+
+
+def test_atomic_writes_leave_no_temp_files_and_normal_permissions(tmp_path) -> None:
+    import os
+
+    import pandas as pd
+
+    from cdscope.io import read_parquet, write_parquet
+
+    target = tmp_path / "x.parquet"
+    write_parquet(pd.DataFrame({"a": [1, 2]}), target, {"k": "v"})
+    frame, meta = read_parquet(target)
+    assert meta == {"k": "v"} and frame["a"].tolist() == [1, 2]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.parquet"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask

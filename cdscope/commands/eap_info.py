@@ -1,0 +1,363 @@
+"""``cdscope eap-info``: edge-attribution statistics of verified answers (SPEC §6).
+
+For the model (and an optional baseline), on one family's probe draw (n items, seed s;
+SPEC §4):
+
+1. **Answer.** Greedy generation (at most ``max_new_tokens``), cut after the first
+   "The answer is X" statement and verified against the pool item's ``answer`` (a
+   normalised string compare: case, whitespace and a trailing period ignored). Items
+   without an ``answer`` key or with a ``code`` verifier are counted as unsupported:
+   nothing is executed. With ``use_targets`` the probe target stands in for the model's
+   answer (``answer_source = "probe_target"``); every item then counts as correct.
+2. **Filter.** Sequences (prompt + answer) longer than ``max_tokens`` are skipped and
+   counted. With a baseline only the samples both models answer correctly are kept;
+   each model is scored on its own answer. No sample left -> CdscopeError (exit 2).
+3. **Score.** Edge scores with Loss = mean NLL of the answer tokens (``cdscope.eap``),
+   then per sample: intensity = mean |s_e|, information complexity = H(|s|/sum|s|) /
+   log E, kurtosis = Pearson kurtosis of |s_e|.
+4. **Summarise.** Mean over samples with a percentile-bootstrap interval (B = 2000,
+   seeded with s); with a baseline the paired bootstrap of model - baseline.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cdscope.batch import encode_probe
+from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
+from cdscope.errors import CdscopeError
+from cdscope.gates import GatedModel
+from cdscope.io import run_metadata, write_parquet
+from cdscope.models import LoadedModel, load_model
+from cdscope.probes import ProbeItem, ProbePool, draw_probe
+from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
+
+ANSWER_RE = re.compile(r"the answer is:?[ \t]*(.+?)\.?[ \t]*(?:\n|$)", re.IGNORECASE)
+COUNT_KEYS = ("drawn", "unsupported", "incorrect", "too_long", "correct")
+
+
+def normalise_answer(text: str) -> str:
+    """Case-folded, whitespace-collapsed, without a trailing period."""
+    return " ".join(text.casefold().split()).rstrip(".").strip()
+
+
+def extract_answer(completion: str) -> tuple[str, str] | None:
+    """``(answer, completion cut after the answer statement)``, or None if there is none."""
+    match = ANSWER_RE.search(completion)
+    if match is None:
+        return None
+    return match.group(1), completion[: match.end()].rstrip("\n")
+
+
+def verifiable(item: ProbeItem) -> bool:
+    """The stand-in verifier handles items with a stored ``answer`` that are not code."""
+    return "answer" in item.extra and not str(item.extra.get("verifier", "")).startswith("code")
+
+
+def verify(item: ProbeItem, completion: str) -> str | None:
+    """The text to score (completion up to its answer statement) if correct, else None."""
+    found = extract_answer(completion)
+    if found is None or normalise_answer(found[0]) != normalise_answer(str(item.extra["answer"])):
+        return None
+    return found[1]
+
+
+@dataclass(frozen=True)
+class EapSettings:
+    """What defines an eap-info run."""
+
+    family: str = "math"
+    n: int = 5
+    seed: int = 0
+    use_targets: bool = False
+    max_tokens: int = 512
+    max_new_tokens: int = 256
+    batch_size: int | None = None
+    bootstrap: int = 2000
+
+    def __post_init__(self) -> None:
+        for name in ("n", "max_tokens", "max_new_tokens", "bootstrap"):
+            if getattr(self, name) < 1:
+                raise CdscopeError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
+
+
+@dataclass
+class Answers:
+    """One model's correct answers (as items whose target is the text to score)."""
+
+    items: dict[str, ProbeItem]
+    source: str
+    counts: Counter
+
+
+def _prompt_ids(loaded: LoadedModel, item: ProbeItem) -> torch.Tensor:
+    batch = encode_probe([item], loaded.tokenizer)  # the plain template of the probe
+    return batch.input_ids[0, : int(batch.target_start[0])]
+
+
+@torch.no_grad()
+def _generate(loaded: LoadedModel, prompt: torch.Tensor, max_new_tokens: int) -> str:
+    tok = loaded.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids = prompt[None].to(loaded.device)
+    out = loaded.model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+    )
+    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def _seq_lengths(loaded: LoadedModel, items: Sequence[ProbeItem]) -> list[int]:
+    return encode_probe(items, loaded.tokenizer).lengths.tolist() if items else []
+
+
+def answer(
+    loaded: LoadedModel, items: Sequence[ProbeItem], settings: EapSettings, progress: Progress
+) -> Answers:
+    """Correct answers of ``loaded`` to ``items`` that fit in ``max_tokens`` (step 1-2)."""
+    counts = Counter(drawn=len(items))
+    candidates: list[ProbeItem] = []
+    task = progress.add_task(f"answering ({loaded.name})", total=len(items))
+    for item in items:
+        progress.advance(task)
+        if settings.use_targets:
+            candidates.append(item)
+            continue
+        if not verifiable(item):
+            counts["unsupported"] += 1
+            continue
+        prompt = _prompt_ids(loaded, item)
+        if len(prompt) >= settings.max_tokens:
+            counts["too_long"] += 1
+            continue
+        scored = verify(item, _generate(loaded, prompt, settings.max_new_tokens))
+        if scored is None or not scored.strip():
+            counts["incorrect"] += 1
+            continue
+        candidates.append(replace(item, target=scored))
+    progress.remove_task(task)
+    kept = {}
+    for item, length in zip(candidates, _seq_lengths(loaded, candidates), strict=True):
+        if length > settings.max_tokens:
+            counts["too_long"] += 1
+        else:
+            kept[item.id] = item
+    counts["correct"] = len(kept)
+    return Answers(kept, "probe_target" if settings.use_targets else "generated", counts)
+
+
+def _check_compatible(models: Sequence[LoadedModel]) -> None:
+    """Both models must give the same graph: same architecture and layer count."""
+    for loaded in models:
+        layout_for(loaded.model)
+    if len(models) == 2:
+        (a, b), (ma, mb) = models, (m.model.config.model_type for m in models)
+        if ma != mb or a.num_layers != b.num_layers:
+            raise CdscopeError(
+                f"--baseline {b.name!r} ({mb}, L = {b.num_layers}) does not match --model "
+                f"{a.name!r} ({ma}, L = {a.num_layers}): their edges would not align"
+            )
+
+
+def _no_samples_error(family: str, runs: Sequence[tuple[str, Answers]]) -> CdscopeError:
+    parts = []
+    for name, answers in runs:
+        counts = answers.counts
+        parts.append(
+            f"{name}: " + ", ".join(f"{counts[k]} {k.replace('_', ' ')}" for k in COUNT_KEYS)
+        )
+    hint = "" if runs[0][1].source == "probe_target" else "; --use-targets scores the probe targets"
+    both = " by both models" if len(runs) == 2 else ""
+    return CdscopeError(
+        f"family {family!r}: no sample answered correctly{both} within --max-tokens "
+        f"({'; '.join(parts)}){hint}"
+    )
+
+
+def sample_frame(
+    name: str, family: str, source: str, ids: Sequence[str], result: EdgeScores, lengths: list[int]
+) -> pd.DataFrame:
+    """One row per sample: the three statistics and what they were computed on."""
+    stats = edge_statistics(result.scores)
+    return pd.DataFrame(
+        {
+            "model": name,
+            "sample_id": list(ids),
+            "family": family,
+            "answer_source": source,
+            **{key: stats[key] for key in STATISTICS},
+            "n_tokens": result.n_answer_tokens.astype(int),
+            "seq_tokens": lengths,
+            "loss": result.loss,
+        }
+    )
+
+
+def edge_frame(name: str, result: EdgeScores) -> pd.DataFrame:
+    """The mean edge-score matrix in long form (one row per edge)."""
+    up, down, path = zip(*result.graph.edges(), strict=True)
+    return pd.DataFrame(
+        {
+            "model": name,
+            "upstream": up,
+            "downstream": down,
+            "path": path,
+            "mean_score": result.scores.mean(axis=0),
+            "mean_abs_score": np.abs(result.scores).mean(axis=0),
+        }
+    )
+
+
+def summarise(
+    per_sample: pd.DataFrame,
+    names: Sequence[str],
+    B: int,
+    seed: int,  # noqa: N803
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Mean and bootstrap interval per (model, statistic); paired differences vs baseline."""
+    rows, paired = [], []
+    for name in names:
+        part = per_sample[per_sample["model"] == name]
+        for key in STATISTICS:
+            ci = bootstrap_ci(part[key].to_numpy(), B=B, seed=seed)
+            rows.append(
+                {
+                    "model": name,
+                    "statistic": key,
+                    "mean": ci.estimate,
+                    "ci_low": ci.ci_low,
+                    "ci_high": ci.ci_high,
+                    "n": len(part),
+                    "B": B,
+                }
+            )
+    if len(names) == 2:
+        a, b = (per_sample[per_sample["model"] == n].set_index("sample_id") for n in names)
+        b = b.loc[a.index]
+        for key in STATISTICS:
+            ci = paired_bootstrap_ci(a[key].to_numpy(), b[key].to_numpy(), B=B, seed=seed)
+            paired.append(
+                {
+                    "model": names[0],
+                    "baseline": names[1],
+                    "statistic": key,
+                    "mean_diff": ci.estimate,
+                    "ci_low": ci.ci_low,
+                    "ci_high": ci.ci_high,
+                    "n": len(a),
+                    "B": B,
+                }
+            )
+    return pd.DataFrame(rows), pd.DataFrame(paired)
+
+
+@dataclass
+class EapResult:
+    per_sample: pd.DataFrame
+    edges: pd.DataFrame
+    summary: pd.DataFrame
+    paired: pd.DataFrame
+    metadata: dict
+    graph: object  # cdscope.eap.EdgeGraph
+
+
+def edges_path(out: Path) -> Path:
+    """``OUT.edges.parquet`` beside ``OUT.parquet``."""
+    return out.with_name(out.name.removesuffix(".parquet") + ".edges.parquet")
+
+
+def run_eap_info(
+    model: str,
+    baseline: str | None,
+    pool: ProbePool,
+    settings: EapSettings,
+    options: object,  # cdscope.commands.probe.ModelOptions
+    console: Console | None = None,
+) -> EapResult:
+    """Answer, filter, score and summarise (module docstring); writes nothing."""
+    from cdscope.commands.probe import model_record
+
+    console = console or Console(stderr=True)
+    specs = [model] if baseline is None else [model, baseline]
+    if len(set(specs)) != len(specs):
+        raise CdscopeError("--baseline is the same model as --model")
+    items = draw_probe(pool, settings.seed, settings.n, [settings.family])
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=console, transient=True) as progress:
+        loaded = []
+        for spec in specs:
+            loaded.append(load_model(spec, options.device, options.dtype, options.attn, console))
+        _check_compatible(loaded)
+        answers = [answer(lm, items, settings, progress) for lm in loaded]
+        common = [it.id for it in items if all(it.id in a.items for a in answers)]
+        if not common:
+            raise _no_samples_error(settings.family, list(zip(specs, answers, strict=True)))
+        # the shared --batch-size default: one row per pass on CPU, the whole draw on GPU
+        batch_size = settings.batch_size or (1 if loaded[0].device.type == "cpu" else None)
+        frames, edges = [], []
+        for spec, lm, ans in zip(specs, loaded, answers, strict=True):
+            task = progress.add_task(f"edge scores ({spec})", total=None)
+            scored = [ans.items[i] for i in common]
+            pad_id = getattr(lm.tokenizer, "pad_token_id", None) or 0
+            batch = encode_probe(scored, lm.tokenizer, pad_id=pad_id).to(lm.device)
+            result = edge_scores(lm.model, batch, batch_size)
+            frames.append(
+                sample_frame(
+                    spec, settings.family, ans.source, common, result, batch.lengths.tolist()
+                )
+            )
+            edges.append(edge_frame(spec, result))
+            progress.remove_task(task)
+    per_sample = pd.concat(frames, ignore_index=True)
+    summary, paired = summarise(per_sample, specs, settings.bootstrap, settings.seed)
+    metadata = run_metadata(
+        "eap-info",
+        models=[model_record(lm, GatedModel(lm.model)) for lm in loaded],
+        baseline=baseline,
+        family=settings.family,
+        n=settings.n,
+        seed=settings.seed,
+        probe_hash=pool.hash,
+        probe_files=list(pool.paths),
+        settings={k: v for k, v in vars(settings).items() if k != "family"},
+        edges=int(result.graph.E),
+        counts={
+            spec: {k: a.counts[k] for k in COUNT_KEYS}
+            for spec, a in zip(specs, answers, strict=True)
+        },
+        scored_samples=common,
+        summary=summary.to_dict(orient="records"),
+        paired=paired.to_dict(orient="records"),
+    )
+    return EapResult(
+        per_sample, pd.concat(edges, ignore_index=True), summary, paired, metadata, result.graph
+    )
+
+
+def write_eap_outputs(result: EapResult, out: Path) -> dict[str, Path]:
+    """Per-sample Parquet at ``out`` and the edge matrix beside it (each written atomically)."""
+    edges = edges_path(out)
+    metadata = {**result.metadata, "outputs": {"per_sample": str(out), "edges": str(edges)}}
+    write_parquet(result.edges, edges, metadata)
+    write_parquet(result.per_sample, out, metadata)
+    return {"per_sample": out, "edges": edges}

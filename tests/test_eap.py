@@ -1,0 +1,525 @@
+"""Edge attribution (SPEC §6): the graph, the one-backward scores against slow twins, the
+statistics, and `cdscope eap-info` end to end with its bad inputs.
+
+Twins used here, none of which calls ``cdscope.eap``:
+- (a) the gate gradient of cdscope's GatedModel (plus a scalar on the embedding output):
+  sum over u's outgoing edges of s(u -> v) = -dLoss/dg_u;
+- (b) a brute force that adds t * a_u to the input of ONE consumer path only (through
+  hooks written here from the Hugging Face model code) and differentiates the loss in t,
+  by central finite differences and by autograd: dLoss/dt = a_u . dLoss/dx = -s(u -> v).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import byte_tokenizer, tiny_model, write_pool
+from scipy import stats as sps
+from typer.testing import CliRunner
+
+from cdscope.batch import encode_probe
+from cdscope.cli import app
+from cdscope.control import frozen_parameters
+from cdscope.eap import EdgeGraph, EdgeHooks, edge_count, edge_scores, edge_statistics
+from cdscope.errors import CdscopeError
+from cdscope.gates import GatedModel
+from cdscope.likelihood import row_target_logprobs
+from cdscope.probes import draw_probe, load_pool
+
+ARCHS = ["llama", "gpt2", "qwen2"]
+#: Llama-family RMSNorm runs in fp32 even in a float64 model (forward and backward), so
+#: sums taken in a different order agree to ~1e-7 there; GPT-2's LayerNorm is float64.
+RTOL = {"llama": 2e-6, "qwen2": 2e-6, "gpt2": 1e-12}
+#: Finite differences in t: the fp32 norm's rounding (~1e-7 of the loss) over a step
+#: h = 1e-2 leaves ~1e-5 of the largest score; in pure float64 the stencil's O(h^4) rules.
+FD_TOL = {"llama": 1e-4, "qwen2": 1e-4, "gpt2": 1e-8}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pool") / "p.jsonl"
+    pool = load_pool([write_pool(path, {"a": 5})])
+    return encode_probe(draw_probe(pool, seed=0, n=3), byte_tokenizer(), "plain", pad_id=258)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {arch: tiny_model(arch, "sdpa", torch.float64) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def scores(models, batch):
+    return {arch: edge_scores(model, batch) for arch, model in models.items()}
+
+
+# -- the graph --------------------------------------------------------------------------
+@pytest.mark.parametrize("L", [1, 2, 3, 7, 28, 30])
+def test_edge_count_formula(L: int) -> None:
+    graph = EdgeGraph.from_layers(L)
+    assert graph.E == edge_count(L) == 4 * L**2 + 3 * L + 1
+    assert len(graph.upstream) == 2 * L + 1 and len(graph.consumers) == 4 * L + 1
+    assert len(set(graph.edges())) == graph.E
+
+
+def test_edges_follow_the_dataflow() -> None:
+    graph = EdgeGraph.from_layers(28)
+    assert graph.E == 3221
+    edges = set(graph.edges())
+    into = {node: {(u, p) for u, v, p in edges if v == node} for node in graph.nodes}
+    assert into["emb"] == set()
+    assert into["attn0"] == {("emb", p) for p in "qkv"}
+    assert into["mlp0"] == {("emb", "in"), ("attn0", "in")}
+    assert ("mlp3", "q") in into["attn4"] and ("attn4", "q") not in into["attn4"]
+    assert ("attn4", "in") in into["mlp4"] and ("mlp4", "in") not in into["mlp4"]
+    assert len(into["logits"]) == 2 * 28 + 1
+    for layer in range(28):
+        assert len(into[f"attn{layer}"]) == 3 * (2 * layer + 1)
+        assert len(into[f"mlp{layer}"]) == 2 * layer + 2
+
+
+# -- (a) consistency with the control estimator's gate gradient -----------------------
+def _emb_module(model: torch.nn.Module) -> torch.nn.Module:
+    """h_0: token embeddings (Llama family) / token + position embeddings (GPT-2)."""
+    return model.transformer.drop if model.config.model_type == "gpt2" else model.model.embed_tokens
+
+
+def _gate_gradient(model: torch.nn.Module, batch) -> np.ndarray:
+    """-dLoss_b/dg for [emb, gate 0, ..., gate K-1] per row: GatedModel + an embedding scalar."""
+    g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)
+    handle = _emb_module(model).register_forward_hook(lambda m, a, out: out * g_emb.view(-1, 1, 1))
+    try:
+        with GatedModel(model) as gm, frozen_parameters(model):
+            gates = torch.ones(batch.B, gm.gate_set.K, dtype=torch.float64, requires_grad=True)
+            with gm.gating(gates):
+                logp = row_target_logprobs(model, batch, torch.arange(batch.B))
+            loss = (-logp / (batch.lengths - batch.target_start).double()).sum()
+            d_emb, d_gates = torch.autograd.grad(loss, [g_emb, gates])
+    finally:
+        handle.remove()
+    return -torch.cat([d_emb[:, None], d_gates], dim=1).numpy()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_outgoing_edge_sums_equal_minus_gate_gradient(arch, models, batch, scores) -> None:
+    result = scores[arch]
+    expected = _gate_gradient(models[arch], batch)  # [B, 2L+1], upstream order
+    summed = np.zeros_like(expected)
+    for b in range(batch.B):
+        np.add.at(summed[b], result.graph.edge_up, result.scores[b])
+    scale = np.abs(expected).max()
+    assert scale > 1e-3  # not vacuous
+    np.testing.assert_allclose(summed, expected, rtol=0, atol=RTOL[arch] * scale)
+    assert np.isfinite(result.scores).all() and np.all(result.loss > 0)
+
+
+# -- (b) brute force: perturb one path only -------------------------------------------
+@dataclass(frozen=True)
+class Sites:
+    blocks: Callable
+    writes: tuple[str, str]
+    attn_norm: str
+    mlp_norm: str
+    final: Callable
+
+
+SITES = {
+    "llama": Sites(
+        lambda m: m.model.layers,
+        ("self_attn", "mlp"),
+        "input_layernorm",
+        "post_attention_layernorm",
+        lambda m: m.model.norm,
+    ),
+    "gpt2": Sites(
+        lambda m: m.transformer.h, ("attn", "mlp"), "ln_1", "ln_2", lambda m: m.transformer.ln_f
+    ),
+}
+SITES["qwen2"] = SITES["llama"]
+
+
+def _perturbed_loss(model, arch, ids, start, edge, t) -> torch.Tensor:
+    """Mean NLL of ids[start:] with t * a_u added to the input of one consumer path."""
+    up, down, path = edge
+    sites, store = SITES[arch], {}
+    blocks = sites.blocks(model)
+    if up == "emb":
+        source = _emb_module(model)
+    else:
+        kind = "attn" if up.startswith("attn") else "mlp"
+        source = getattr(blocks[int(up.removeprefix(kind))], sites.writes[kind == "mlp"])
+
+    def keep(name):
+        return lambda m, a, out: store.__setitem__(name, out[0] if isinstance(out, tuple) else out)
+
+    def shifted(m, args):
+        return (args[0] + t * store["a"],)
+
+    handles = [source.register_forward_hook(keep("a"))]
+    if down == "logits":
+        handles.append(sites.final(model).register_forward_pre_hook(shifted))
+    elif down.startswith("mlp"):
+        block = blocks[int(down.removeprefix("mlp"))]
+        handles.append(getattr(block, sites.mlp_norm).register_forward_pre_hook(shifted))
+    else:
+        block = blocks[int(down.removeprefix("attn"))]
+        norm = getattr(block, sites.attn_norm)
+        handles.append(norm.register_forward_pre_hook(lambda m, a: store.__setitem__("x", a[0])))
+        if arch == "gpt2":  # fused c_attn: swap in this path's third, computed on the shifted input
+            third = "qkv".index(path)
+
+            def splice(m, args, out):
+                fresh = m.forward(norm.forward(store["x"] + t * store["a"]))
+                width = out.shape[-1] // 3
+                cols = slice(third * width, (third + 1) * width)
+                return torch.cat(
+                    [out[..., : cols.start], fresh[..., cols], out[..., cols.stop :]], -1
+                )
+
+            handles.append(block.attn.c_attn.register_forward_hook(splice))
+        else:
+            proj = getattr(block.self_attn, f"{path}_proj")
+            handles.append(
+                proj.register_forward_pre_hook(
+                    lambda m, a: (norm.forward(store["x"] + t * store["a"]),)
+                )
+            )
+    try:
+        logits = model(input_ids=ids[None]).logits[0].double()
+    finally:
+        for handle in handles:
+            handle.remove()
+    logp = torch.log_softmax(logits[start - 1 : len(ids) - 1], dim=-1)
+    return -logp.gather(1, ids[start:, None]).mean()
+
+
+EDGES = [  # (emb -> attn0) is ~0 on every path: the norm is scale-invariant, see below
+    ("emb", "attn1", "k"),
+    ("attn0", "attn1", "q"),
+    ("emb", "logits", "in"),
+    ("attn0", "attn1", "k"),
+    ("mlp0", "attn2", "v"),
+    ("attn1", "mlp1", "in"),
+    ("mlp1", "mlp2", "in"),
+    ("attn2", "logits", "in"),
+    ("mlp2", "logits", "in"),
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_single_edges_match_brute_force(arch, models, batch, scores) -> None:
+    model, result = models[arch], scores[arch]
+    index = {edge: e for e, edge in enumerate(result.graph.edges())}
+    b = 1
+    ids = batch.input_ids[b, : int(batch.lengths[b])]
+    start = int(batch.target_start[b])
+    h = 1e-2 if RTOL[arch] > 1e-9 else 1e-3
+    with torch.no_grad():
+        base = _perturbed_loss(model, arch, ids, start, EDGES[0], 0.0)
+    np.testing.assert_allclose(base.item(), result.loss[b], rtol=1e-6)
+    for edge in EDGES:
+        eap = result.scores[b, index[edge]]
+        with torch.no_grad():  # 4th-order central differences in t
+            f = {
+                k: _perturbed_loss(model, arch, ids, start, edge, k * h).item()
+                for k in (-2, -1, 1, 2)
+            }
+        fd = (8 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12 * h)
+        t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        (exact,) = torch.autograd.grad(_perturbed_loss(model, arch, ids, start, edge, t), t)
+        scale = np.abs(result.scores[b]).max()
+        assert abs(eap) > 1e-4 * scale, edge  # a meaningful edge
+        np.testing.assert_allclose(
+            -eap, exact.item(), rtol=0, atol=RTOL[arch] * scale, err_msg=str(edge)
+        )
+        np.testing.assert_allclose(-eap, fd, rtol=0, atol=FD_TOL[arch] * scale, err_msg=str(edge))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incoming_scores_cancel_through_the_scale_invariant_norm(arch, scores) -> None:
+    """A consumer path reads norm(x) with x = sum_u a_u; norm(c x) = norm(x) up to its eps,
+    so sum_u s(u -> v, p) = -x . dLoss/dx ~ 0: edges into one path cancel (not vacuous:
+    the |s| statistics are unaffected). The residual is O(eps / mean x^2)."""
+    result = scores[arch]
+    for row in result.scores:
+        incoming = np.zeros(len(result.graph.consumers))
+        np.add.at(incoming, result.graph.edge_cons, row)
+        assert np.abs(incoming).max() < 1e-2 * np.abs(row).max()
+
+
+# -- (d) batching, padding, hooks -----------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_batch_of_three_equals_one_at_a_time(arch, models, batch, scores) -> None:
+    whole = scores[arch]
+    assert len(set(batch.lengths.tolist())) > 1  # the batch is really padded
+    single = edge_scores(models[arch], batch, batch_size=1)
+    np.testing.assert_allclose(single.scores, whole.scores, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(single.loss, whole.loss, rtol=1e-12)
+    np.testing.assert_array_equal(single.n_answer_tokens, batch.lengths - batch.target_start)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_hooks_keep_the_forward_and_leave_nothing_behind(arch, models, batch) -> None:
+    model = models[arch]
+    ids = batch.input_ids[:, : int(batch.lengths.max())]
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with EdgeHooks(model) as hooks:
+            hooked = model(input_ids=ids).logits
+            assert all(a is not None for a in hooks.activations)
+            assert all(x is not None for x in hooks.path_inputs)
+    torch.testing.assert_close(hooked, plain, rtol=1e-12, atol=1e-12)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("arch", ["gpt_neox", "gemma2"])
+def test_unsupported_architectures_are_refused(arch) -> None:
+    with pytest.raises(CdscopeError, match="supported: gpt2, llama"):
+        EdgeHooks(tiny_model(arch))
+
+
+# -- statistics -----------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:Precision loss occurred in moment calculation")
+def test_edge_statistics_match_their_definitions() -> None:
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((4, 46)) * rng.exponential(size=46)
+    got = edge_statistics(s)
+    for i, row in enumerate(np.abs(s)):
+        p = row / row.sum()
+        assert got["intensity"][i] == pytest.approx(row.mean())
+        assert got["info_complexity"][i] == pytest.approx(-(p * np.log(p)).sum() / np.log(46))
+        z = (row - row.mean()) / row.std()
+        assert got["kurtosis"][i] == pytest.approx((z**4).mean())
+    uniform = edge_statistics(np.ones((1, 10)) * [[1] * 5 + [-1] * 5])
+    assert uniform["info_complexity"][0] == pytest.approx(1.0)
+    spike = edge_statistics(np.eye(1, 50))
+    assert spike["info_complexity"][0] == pytest.approx(0.0, abs=1e-12)
+    assert spike["kurtosis"][0] == pytest.approx(sps.kurtosis(np.eye(1, 50)[0], fisher=False))
+
+
+# -- the stand-in verifier -----------------------------------------------------------
+def test_answer_extraction_and_verification() -> None:
+    from cdscope.commands.eap_info import extract_answer, verifiable, verify
+    from cdscope.probes import ProbeItem
+
+    math = ProbeItem("m/1", "math", "q", "t", extra={"answer": "-7", "verifier": "math"})
+    logic = ProbeItem(
+        "l/1", "logic", "q", "t", extra={"answer": "Luke is an altruist, and Emily is an egoist"}
+    )
+    code = ProbeItem("c/1", "code", "q", "t", extra={"answer": "f", "verifier": "code"})
+    assert verifiable(math) and verifiable(logic) and not verifiable(code)
+    assert not verifiable(ProbeItem("x/1", "x", "q", "t"))
+    assert extract_answer("no statement here") is None
+    text = "Computing 1 - 8 = -7.\nThe answer is -7.\nQuestion: more text"
+    assert extract_answer(text) == ("-7", "Computing 1 - 8 = -7.\nThe answer is -7.")
+    assert verify(math, text) == "Computing 1 - 8 = -7.\nThe answer is -7."
+    assert verify(math, "the answer is  -7") == "the answer is  -7"
+    assert verify(math, "The answer is 7.") is None
+    assert verify(math, "The answer is 3.5.\n") is None
+    assert extract_answer("The answer is 3.5.\n")[0] == "3.5"
+    assert verify(logic, "So: The answer is luke is an altruist,  and Emily is an EGOIST.")
+
+
+# -- `cdscope eap-info` end to end ----------------------------------------------------
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _save(directory, model):
+    model.save_pretrained(directory)
+    byte_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def other_dirs(tmp_path_factory):
+    from conftest import _COMMON
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(1)
+    two_layers = LlamaForCausalLM(LlamaConfig(**{**_COMMON, "num_hidden_layers": 2})).eval()
+    return {
+        "llama_b": _save(root / "llama_b", tiny_model("llama", "sdpa", seed=1)),
+        "gpt2": _save(root / "gpt2", tiny_model("gpt2", "sdpa")),
+        "llama_L2": _save(root / "llama_L2", two_layers),
+    }
+
+
+def _metadata(path):
+    return json.loads(pq.read_schema(path).metadata[b"cdscope"])
+
+
+def test_cli_with_targets_and_baseline_writes_everything(
+    tiny_model_dir, other_dirs, pool_file, tmp_path
+) -> None:
+    out, plot = tmp_path / "r" / "eap.parquet", tmp_path / "r" / "eap.png"
+    result = invoke(
+        "eap-info",
+        "--model",
+        tiny_model_dir,
+        "--baseline",
+        other_dirs["llama_b"],
+        "--probe",
+        pool_file,
+        "--family",
+        "logic",
+        "--n",
+        3,
+        "--use-targets",
+        "--out",
+        out,
+        "--plot",
+        plot,
+        "--batch-size",
+        2,
+    )
+    assert result.exit_code == 0, result.output
+    frame = pd.read_parquet(out)
+    assert list(frame.columns[:8]) == [
+        "model",
+        "sample_id",
+        "family",
+        "answer_source",
+        "intensity",
+        "info_complexity",
+        "kurtosis",
+        "n_tokens",
+    ]
+    assert len(frame) == 6 and set(frame["answer_source"]) == {"probe_target"}
+    assert frame["info_complexity"].between(0, 1).all() and (frame["kurtosis"] >= 1).all()
+    edges = pd.read_parquet(out.with_name("eap.edges.parquet"))
+    assert len(edges) == 2 * edge_count(3)
+    assert list(edges.columns) == [
+        "model",
+        "upstream",
+        "downstream",
+        "path",
+        "mean_score",
+        "mean_abs_score",
+    ]
+    meta = _metadata(out)
+    assert meta["command"] == "eap-info" and meta["edges"] == edge_count(3)
+    assert len(meta["summary"]) == 6 and len(meta["paired"]) == 3
+    assert meta["counts"][str(tiny_model_dir)] == {
+        "drawn": 3,
+        "unsupported": 0,
+        "incorrect": 0,
+        "too_long": 0,
+        "correct": 3,
+    }
+    assert plot.stat().st_size > 10_000
+    assert "info_complexity" in result.output and "95% CI of Δ" in result.output
+
+
+def test_cli_scores_verified_generations_only(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """The wiring of generated answers: a stubbed generator answers item 0 right, item 1 wrong."""
+    import cdscope.commands.eap_info as workflow
+
+    pool = tmp_path / "g.jsonl"
+    pool.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"math/{i}",
+                    "family": "math",
+                    "prompt": f"{i}+2=?\n",
+                    "target": f"The answer is {i + 2}.",
+                    "answer": str(i + 2),
+                    "verifier": "math",
+                }
+            )
+            + "\n"
+            for i in range(2)
+        )
+    )
+    replies = {"0": "0 + 2 = 2.\nThe answer is 2.\nnoise after", "1": "The answer is 9."}
+    monkeypatch.setattr(
+        workflow, "_generate", lambda lm, prompt, m: replies[lm.tokenizer.decode(prompt)[0]]
+    )
+    out = tmp_path / "g.parquet"
+    result = invoke("eap-info", "--model", tiny_model_dir, "--probe", pool, "--n", 2, "--out", out)
+    assert result.exit_code == 0, result.output
+    frame = pd.read_parquet(out)
+    assert frame["sample_id"].tolist() == ["math/0"] and frame["answer_source"][0] == "generated"
+    assert frame["n_tokens"][0] == len("0 + 2 = 2.\nThe answer is 2.")  # one token per character
+    assert _metadata(out)["counts"][str(tiny_model_dir)]["incorrect"] == 1
+
+
+def test_cli_counts_sequences_over_max_tokens(tiny_model_dir, pool_file, tmp_path) -> None:
+    out = tmp_path / "m.parquet"
+    result = invoke(
+        "eap-info",
+        "--model",
+        tiny_model_dir,
+        "--probe",
+        pool_file,
+        "--family",
+        "math",
+        "--n",
+        5,
+        "--use-targets",
+        "--max-tokens",
+        33,
+        "--out",
+        out,
+    )
+    assert result.exit_code == 0, result.output
+    frame, counts = pd.read_parquet(out), _metadata(out)["counts"][str(tiny_model_dir)]
+    assert 0 < counts["too_long"] < 5 and counts["correct"] == len(frame) == 5 - counts["too_long"]
+    assert (frame["seq_tokens"] <= 33).all()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-new-tokens", 4], "no sample answered correctly"),  # a random model's answers
+        (["--use-targets", "--max-tokens", 5], "no sample answered correctly"),
+        (["--use-targets", "--baseline", "gpt2"], "edges would not align"),
+        (["--use-targets", "--baseline", "llama_L2"], "edges would not align"),
+    ],
+)
+def test_cli_bad_input_exits_2_and_writes_nothing(
+    extra, message, tiny_model_dir, other_dirs, tmp_path
+) -> None:
+    pool = tmp_path / "g.jsonl"
+    pool.write_text(
+        json.dumps(
+            {
+                "id": "math/0",
+                "family": "math",
+                "prompt": "What is 2 + 2?\n",
+                "target": "The answer is 4.",
+                "answer": "4",
+                "verifier": "math",
+            }
+        )
+    )
+    extra = [other_dirs.get(x, x) for x in extra]
+    out = tmp_path / "out" / "eap.parquet"
+    result = invoke(
+        "eap-info",
+        "--model",
+        tiny_model_dir,
+        "--probe",
+        pool,
+        "--n",
+        1,
+        "--out",
+        out,
+        "--plot",
+        tmp_path / "out" / "eap.png",
+        *extra,
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert list(out.parent.iterdir()) == []

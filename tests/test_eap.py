@@ -33,10 +33,11 @@ from cdscope.gates import GatedModel
 from cdscope.likelihood import row_target_logprobs
 from cdscope.probes import draw_probe, load_pool
 
-ARCHS = ["llama", "gpt2", "qwen2"]
+ARCHS = ["llama", "gpt2", "qwen2"]  # every check
+ALL_ARCHS = [*ARCHS, "qwen3", "mistral"]  # the consistency check (a) on every supported one
 #: Llama-family RMSNorm runs in fp32 even in a float64 model (forward and backward), so
 #: sums taken in a different order agree to ~1e-7 there; GPT-2's LayerNorm is float64.
-RTOL = {"llama": 2e-6, "qwen2": 2e-6, "gpt2": 1e-12}
+RTOL = {"llama": 2e-6, "qwen2": 2e-6, "qwen3": 2e-6, "mistral": 2e-6, "gpt2": 1e-12}
 #: Finite differences in t: the fp32 norm's rounding (~1e-7 of the loss) over a step
 #: h = 1e-2 leaves ~1e-5 of the largest score; in pure float64 the stencil's O(h^4) rules.
 FD_TOL = {"llama": 1e-4, "qwen2": 1e-4, "gpt2": 1e-8}
@@ -51,7 +52,7 @@ def batch(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models():
-    return {arch: tiny_model(arch, "sdpa", torch.float64) for arch in ARCHS}
+    return {arch: tiny_model(arch, "sdpa", torch.float64) for arch in ALL_ARCHS}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def _gate_gradient(model: torch.nn.Module, batch) -> np.ndarray:
     return -torch.cat([d_emb[:, None], d_gates], dim=1).numpy()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_outgoing_edge_sums_equal_minus_gate_gradient(arch, models, batch, scores) -> None:
     result = scores[arch]
     expected = _gate_gradient(models[arch], batch)  # [B, 2L+1], upstream order

@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_control.py
 	$(BIN)/python benchmarks/bench_bshared.py
 	$(BIN)/python benchmarks/bench_regularizer.py
+	$(BIN)/python benchmarks/bench_eap.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -202,7 +202,7 @@ def plot_random_reference(
     percentile: float | None = None,
 ) -> None:
     _style()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(9.5, 4))  # room for the legend beside the axes
     ax.hist(100 * samples, bins=80, color="#9dc3e6", edgecolor="#1f4e79", linewidth=0.3)
     ax.axvline(100 / M, color="grey", ls=":", lw=1.2, label=f"1/M bound = {100 / M:.1f}%")
     ax.axvline(100 * p95, color="#548235", ls="--", lw=1.2, label=f"p95 = {100 * p95:.1f}%")

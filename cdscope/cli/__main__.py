@@ -1,0 +1,5 @@
+"""``python -m cdscope.cli``."""
+
+from cdscope.cli import main
+
+main()

@@ -1,0 +1,105 @@
+"""eap-info: edge attribution statistics (SPEC §6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cdscope.cli.common import (
+    AttnOpt,
+    BatchOpt,
+    DeviceOpt,
+    DtypeOpt,
+    PlotOpt,
+    ProbeOpt,
+    app,
+    err_console,
+    out_console,
+    user_errors,
+)
+
+
+@app.command("eap-info")
+@user_errors
+def eap_info(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Model (default: the embedded smollm2-135m).")
+    ] = "smollm2-135m",
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="Base model to compare with: same architecture and layer count; only samples both answer correctly are used.",
+        ),
+    ] = None,
+    family: Annotated[
+        str,
+        typer.Option("--family", "-f", help="Probe family whose prompts are answered and scored."),
+    ] = "math",
+    n: Annotated[
+        int, typer.Option("--n", min=1, help="Samples drawn from the family (seeded, SPEC §4).")
+    ] = 5,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Probe draw seed; also seeds the bootstrap.")
+    ] = 0,
+    probe: ProbeOpt = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Per-sample Parquet; the mean edge matrix goes to OUT.edges.parquet.",
+        ),
+    ] = Path("results/eap.parquet"),
+    plot: PlotOpt = None,
+    use_targets: Annotated[
+        bool,
+        typer.Option(
+            "--use-targets",
+            help="Score the probe targets instead of the model's verified answers (answer_source = probe_target).",
+        ),
+    ] = False,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-tokens", min=1, help="Skip (and count) samples whose prompt + answer is longer."
+        ),
+    ] = 512,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="Greedy generation bound per answer.")
+    ] = 256,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+) -> None:
+    """Edge attribution statistics of verified answers: intensity, information complexity, kurtosis (SPEC §6).
+
+    Zero-ablation EAP on a layer-level graph (emb, attn/mlp per layer with q/k/v paths,
+    logits; 4L^2 + 3L + 1 edges), one forward + one backward per batch; Loss = mean NLL
+    of the answer tokens. Reports means with bootstrap 95% intervals (B = 2000) and, with
+    --baseline, paired differences model - baseline.
+    """
+    from cdscope.commands.eap_info import EapSettings, run_eap_info, write_eap_outputs
+    from cdscope.commands.probe import ModelOptions
+    from cdscope.io import check_plot_path, check_writable
+    from cdscope.probes import load_pool
+    from cdscope.render import eap_summary_table
+
+    settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)
+    target = check_writable(out)
+    if plot is not None:
+        check_plot_path(plot)
+    result = run_eap_info(
+        model, baseline, load_pool(probe), settings, ModelOptions(device, dtype, attn), err_console
+    )
+    if plot is not None:  # first: a failing figure leaves no Parquet behind
+        from cdscope.plots import plot_eap
+
+        plot_eap(plot, result.graph, result.edges, result.per_sample, result.summary)
+    outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})
+    out_console.print(eap_summary_table(result.summary, result.paired, result.metadata["counts"]))
+    for name, path in outputs.items():
+        err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)

@@ -276,9 +276,13 @@ def regularizer_grad(
     )
 
 
-def fidelity(approx: GradResult, exact: GradResult) -> dict[str, float]:
-    """Cosine and relative L2 error of ``approx`` against ``exact`` (flattened)."""
-    a, e = approx.flat(), exact.flat()
+def fidelity(approx: GradResult, exact: GradResult | torch.Tensor) -> dict[str, float]:
+    """Cosine and relative L2 error of ``approx`` against ``exact`` (flattened).
+
+    ``exact`` may be given already flattened, so a sweep flattens it once.
+    """
+    a = approx.flat()
+    e = exact if isinstance(exact, torch.Tensor) else exact.flat()
     return {
         "cosine": float(torch.dot(a, e) / (a.norm() * e.norm())),
         "rel_error": float((a - e).norm() / e.norm()),

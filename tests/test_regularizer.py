@@ -142,3 +142,37 @@ def test_chunked_proxy_equals_the_whole_batch(probe_batch) -> None:
         for size in (1, 4):
             part = proxy_grad(gm, probe_batch, eps=0.02, richardson=True, batch_size=size)
             assert torch.allclose(part.flat(), whole.flat(), rtol=1e-9, atol=1e-14)
+
+
+def test_gradcheck_command_on_a_tiny_model(tiny_model_dir, tmp_path) -> None:
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from cdscope.cli import app
+
+    pool = write_pool(tmp_path / "pool.jsonl", {"a": 3, "b": 3, "c": 3})
+    out = tmp_path / "gc.parquet"
+    args = [
+        "gradcheck",
+        "-m",
+        str(tiny_model_dir),
+        "-p",
+        str(pool),
+        "--n",
+        "2",
+        "--seeds",
+        "1",
+        "--eps",
+        "0.01,0.001",
+    ]
+    result = CliRunner().invoke(app, [*args, "--dtype", "float64", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    frame = pd.read_parquet(out)
+    assert list(zip(frame["estimator"], frame["eps"], strict=True)) == [
+        ("proxy", 0.01),
+        ("proxy", 0.001),
+        ("richardson", 0.01),
+    ]
+    assert frame["is_default"].tolist() == [False, False, True]
+    assert (frame["cosine"] > 0.999).all()
+    assert (frame["rel_error"] < 1e-3).all()  # fp32 norms inside Llama set the floor, not eps

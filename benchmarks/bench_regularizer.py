@@ -4,13 +4,15 @@ Each mode runs in its own process (so peak RSS is that mode's alone) on the embe
 model and the seed-0 probe (3 families x n = 3 = 9 sequences), fp32, eager attention:
 
 - plain:      one forward + backward of the probe log-likelihood with parameter grads
-- exact:      d R(C(theta)) / d theta by double backward
+- exact:      d R(C(theta)) / d theta by double backward (chunked: C first, then one
+              create_graph pass per row chunk)
 - proxy:      fixed-step first-order proxy (eps = 0.05, the SPEC reference)
 - richardson: the default estimator (Richardson over eps and eps/2)
 
-    .venv/bin/python benchmarks/bench_regularizer.py [--reps 3]
+    .venv/bin/python benchmarks/bench_regularizer.py [--reps 3] [--batch-size 1]
 
-Prints the median wall time over reps (after one warm-up), whole-process peak RSS and
+Every mode runs ``--batch-size`` rows per forward (default 1, the CPU default: no
+padding). Prints the median wall time over reps (after one warm-up), whole-process peak RSS and
 the time ratio to plain, all measured in one run.
 """
 
@@ -27,10 +29,11 @@ import time
 MODES = ("plain", "exact", "proxy", "richardson")
 
 
-def run_mode(mode: str, reps: int) -> dict:
+def run_mode(mode: str, reps: int, batch_size: int) -> dict:
     import torch
 
     from cdscope.batch import encode_probe
+    from cdscope.control import _chunks
     from cdscope.gates import GatedModel
     from cdscope.likelihood import row_target_logprobs
     from cdscope.models import load_model
@@ -43,15 +46,18 @@ def run_mode(mode: str, reps: int) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
 
     def plain() -> None:
-        logp = row_target_logprobs(model, batch, torch.arange(batch.B))
-        torch.autograd.grad(logp.sum(), params)
+        for rows in _chunks(batch.B, batch_size, batch.lengths):
+            logp = row_target_logprobs(model, batch, rows)
+            torch.autograd.grad(logp.sum(), params)
 
     with GatedModel(model) as gm:
         step = {
             "plain": plain,
-            "exact": lambda: exact_grad(gm, batch),
-            "proxy": lambda: proxy_grad(gm, batch, eps=0.05),
-            "richardson": lambda: proxy_grad(gm, batch, eps=DEFAULT_EPS, richardson=True),
+            "exact": lambda: exact_grad(gm, batch, batch_size=batch_size),
+            "proxy": lambda: proxy_grad(gm, batch, eps=0.05, batch_size=batch_size),
+            "richardson": lambda: proxy_grad(
+                gm, batch, eps=DEFAULT_EPS, richardson=True, batch_size=batch_size
+            ),
         }[mode]
         step()
         times = []
@@ -68,15 +74,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=1, help="rows per forward")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
-        print(json.dumps(run_mode(args.mode, args.reps)))
+        print(json.dumps(run_mode(args.mode, args.reps, args.batch_size)))
         return
     results = {}
     for mode in MODES:
         output = subprocess.run(
-            [sys.executable, __file__, "--mode", mode, "--reps", str(args.reps)],
+            [sys.executable, __file__, "--mode", mode, "--reps", str(args.reps)]
+            + ["--batch-size", str(args.batch_size)],
             check=True,
             capture_output=True,
             text=True,

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from cdscope.batch import ProbeBatch
-from cdscope.control import EPS0
+from cdscope.control import EPS0, _chunks, control_autograd
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.likelihood import row_target_logprobs
@@ -108,26 +108,54 @@ def _double_backward_error(exc: RuntimeError, model: nn.Module) -> CdscopeError:
 
 
 def exact_grad(
-    gm: GatedModel, batch: ProbeBatch, params: Sequence[nn.Parameter] | None = None
+    gm: GatedModel,
+    batch: ProbeBatch,
+    params: Sequence[nn.Parameter] | None = None,
+    batch_size: int | None = None,
 ) -> GradResult:
-    """Ground truth: C with ``create_graph``, then backward of R(C) into ``params``."""
+    """Ground truth by second-order autodiff, ``batch_size`` rows at a time.
+
+    R depends on theta only through C, so with W = dR/dC taken at the current C (not an
+    approximation: the chain rule evaluated at this theta), grad R = sum_mk W_mk grad C_mk.
+    With C_mk = S_mk / l_m, S_mk = d l_m / d g_k, and S_m, l_m family means of per-row
+    terms, grad C_mk = (grad S_mk - C_mk grad l_m) / l_m, which splits over rows:
+
+        grad R = sum_m sum_{b in m} 1 / (n_m l_m) * grad[ W_m . d log pi_b / d g_b
+                                                         - (W_m . C_m) log pi_b ].
+
+    Pass 1 (``control_autograd``, frozen parameters) gives C and l_m; pass 2 runs each
+    row chunk forward, takes its gate gradient with ``create_graph`` and backpropagates
+    the bracket into ``params`` — the double backward, with memory bounded by the chunk.
+    """
     start = time.perf_counter()
     model = gm.model
     chosen = trainable(model, params)
     device = next(model.parameters()).device
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
-    sizes = batch.family_sizes().to(device=device, dtype=dtype)
-    gates = torch.ones(batch.B, gm.gate_set.K, device=device, dtype=dtype, requires_grad=True)
-    with gm.gating(gates):
-        logp = row_target_logprobs(model, batch, torch.arange(batch.B)).to(dtype)
-    ell = _family_sum(logp, batch) / sizes
-    weights = (1.0 / sizes)[batch.row_family.to(device)]
+    nominal = control_autograd(gm, batch, batch_size)
+    kept = torch.from_numpy(nominal.kept)
+    C = torch.from_numpy(nominal.C_kept())  # noqa: N806 - [M_kept, K] float64
+    W = torch.zeros(batch.M, gm.gate_set.K, dtype=torch.float64)  # noqa: N806
+    W[kept] = r_sensitivity_torch(C)
+    w_dot_c = torch.zeros(batch.M, dtype=torch.float64)
+    w_dot_c[kept] = (W[kept] * C).sum(1)
+    ell = torch.from_numpy(nominal.ell)
+    scale = torch.where(kept, 1.0 / (batch.family_sizes().double() * ell), 0.0)  # 1/(n_m l_m)
+    row_W = (W * scale[:, None])[batch.row_family].to(device=device, dtype=dtype)  # noqa: N806
+    row_c = (w_dot_c * scale)[batch.row_family].to(device=device, dtype=dtype)
+    grads = [torch.zeros_like(p) for p in chosen]
     try:
-        (row_grad,) = torch.autograd.grad((logp * weights).sum(), gates, create_graph=True)
-        kept = ell.detach().abs() >= EPS0
-        C = (_family_sum(row_grad, batch) / ell[:, None])[kept]  # noqa: N806
-        R = moment_ratio_torch(C)  # noqa: N806
-        grads = _grads(R, chosen)
+        for rows in _chunks(batch.B, batch_size, batch.lengths):
+            gates = torch.ones(
+                len(rows), gm.gate_set.K, device=device, dtype=dtype, requires_grad=True
+            )
+            with gm.gating(gates):
+                logp = row_target_logprobs(model, batch, rows).to(dtype)
+            (gate_grad,) = torch.autograd.grad(logp.sum(), gates, create_graph=True)
+            rows_on = rows.to(device)
+            bracket = (row_W[rows_on] * gate_grad).sum() - (row_c[rows_on] * logp).sum()
+            for acc, g in zip(grads, _grads(bracket, chosen), strict=True):
+                acc.add_(g)
     except RuntimeError as exc:
         if (
             "derivative" in str(exc)
@@ -136,11 +164,11 @@ def exact_grad(
         ):
             raise _double_backward_error(exc, model) from exc
         raise
-    families = [f for f, k in zip(batch.families, kept.tolist(), strict=True) if k]
+    families = [f for f, k in zip(batch.families, nominal.kept.tolist(), strict=True) if k]
     return GradResult(
         grads,
-        float(R.detach()),
-        C.detach().double().cpu().numpy(),
+        float(moment_ratio_torch(C)),
+        C.numpy(),
         families,
         "exact",
         None,

@@ -127,6 +127,7 @@ def gradcheck(
             "--richardson-sweep", help="Also sweep the Richardson proxy over every --eps."
         ),
     ] = False,
+    batch_size: BatchOpt = None,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
@@ -156,6 +157,7 @@ def gradcheck(
         attn,
         err_console,
         richardson_sweep,
+        batch_size,
     )
     out_console.print(gradcheck_table(frame))
     err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)

@@ -3,12 +3,13 @@
 For the model (and an optional baseline), on one family's probe draw (n items, seed s;
 SPEC §4):
 
-1. **Answer.** Greedy generation (at most ``max_new_tokens``), cut after the first
-   "The answer is X" statement and verified against the pool item's ``answer`` (a
-   normalised string compare: case, whitespace and a trailing period ignored). Items
-   without an ``answer`` key or with a ``code`` verifier are counted as unsupported:
-   nothing is executed. With ``use_targets`` the probe target stands in for the model's
-   answer (``answer_source = "probe_target"``); every item then counts as correct.
+1. **Answer.** Greedy generation (at most ``max_new_tokens``), verified by the shared
+   verifier of the item's kind (``cdscope.tasks``: final answer = last ``\\boxed{}`` or
+   last "answer is X"; math compared exactly as numbers, logic structurally) and cut
+   after that answer statement. Items without an ``answer`` key or with a ``code``
+   verifier are counted as unsupported: nothing is executed. With ``use_targets`` the
+   probe target stands in for the model's answer (``answer_source = "probe_target"``);
+   every item then counts as correct.
 2. **Filter.** Sequences (prompt + answer) longer than ``max_tokens`` are skipped and
    counted. With a baseline only the samples both models answer correctly are kept;
    each model is scored on its own answer. No sample left -> CdscopeError (exit 2).
@@ -21,7 +22,6 @@ SPEC §4):
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -41,33 +41,32 @@ from cdscope.io import run_metadata, write_parquet
 from cdscope.models import LoadedModel, load_model
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
+from cdscope.tasks.answers import find_final_answer
+from cdscope.tasks.format import is_code_kind, probe_verifier_kind, task_from_probe_item
+from cdscope.tasks.verifiers import VERIFIERS
+from cdscope.tasks.verifiers import verify as verify_task
 
-ANSWER_RE = re.compile(r"the answer is:?[ \t]*(.+?)\.?[ \t]*(?:\n|$)", re.IGNORECASE)
 COUNT_KEYS = ("drawn", "unsupported", "incorrect", "too_long", "correct")
-
-
-def normalise_answer(text: str) -> str:
-    """Case-folded, whitespace-collapsed, without a trailing period."""
-    return " ".join(text.casefold().split()).rstrip(".").strip()
 
 
 def extract_answer(completion: str) -> tuple[str, str] | None:
     """``(answer, completion cut after the answer statement)``, or None if there is none."""
-    match = ANSWER_RE.search(completion)
-    if match is None:
+    found = find_final_answer(completion)
+    if found is None:
         return None
-    return match.group(1), completion[: match.end()].rstrip("\n")
+    return found.text, completion[: found.end].rstrip("\n")
 
 
 def verifiable(item: ProbeItem) -> bool:
-    """The stand-in verifier handles items with a stored ``answer`` that are not code."""
-    return "answer" in item.extra and not str(item.extra.get("verifier", "")).startswith("code")
+    """Items with a stored ``answer`` and a math/logic verifier (code is not run here)."""
+    kind = probe_verifier_kind(item)
+    return "answer" in item.extra and kind in VERIFIERS and not is_code_kind(kind)
 
 
 def verify(item: ProbeItem, completion: str) -> str | None:
     """The text to score (completion up to its answer statement) if correct, else None."""
     found = extract_answer(completion)
-    if found is None or normalise_answer(found[0]) != normalise_answer(str(item.extra["answer"])):
+    if found is None or not verify_task(task_from_probe_item(item), completion).passed:
         return None
     return found[1]
 

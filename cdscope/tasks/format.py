@@ -1,0 +1,229 @@
+"""Verifiable tasks for training and evaluation: the JSONL format (SPEC §5, §7).
+
+A task file is JSONL, one object per line::
+
+    {"id": "math/gsm_symbolic/train/17", "family": "math",
+     "prompt": "...\\nSolution:\\n", "verifier": "math", "answer": "42",
+     "source": "reasoning_gym:gsm_symbolic:seed=2000:idx=17", "meta": {...}}
+
+Required keys: ``id``, ``family``, ``prompt``, ``verifier`` (non-empty strings). The
+verifier kind names an entry of ``cdscope.tasks.verifiers.VERIFIERS`` and fixes which
+other keys must be present: ``code`` kinds need ``tests`` (a program defining
+``check(candidate)``) and ``entry_point``; every other kind needs ``answer``. Optional:
+``source`` (string) and ``meta`` (object). Any other key is an error, so a typo is not
+silently ignored. Errors name ``file:line``.
+
+The shipped sets live in the repository's ``tasks/<split>/{math,code,logic}.jsonl``
+(``$CDSCOPE_TASKS`` overrides the folder); ``tasks/build_tasks.py`` builds them from the
+slices of the sources held out of the probe pools (docs/tasks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from cdscope.errors import CdscopeError
+from cdscope.io import atomic_write_bytes
+
+REQUIRED_KEYS = ("id", "family", "prompt", "verifier")
+OPTIONAL_KEYS = ("answer", "tests", "entry_point", "source", "meta")
+CODE_KEYS = ("tests", "entry_point")
+FAMILIES = ("math", "code", "logic")
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One verifiable task: a prompt and what a correct completion must satisfy."""
+
+    id: str
+    family: str
+    prompt: str
+    verifier: str
+    answer: str | None = None
+    tests: str | None = None
+    entry_point: str | None = None
+    source: str | None = None
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def to_record(self) -> dict:
+        """The JSON object of this task (``None`` fields and an empty meta left out)."""
+        record: dict = {k: getattr(self, k) for k in (*REQUIRED_KEYS, *OPTIONAL_KEYS[:-1])}
+        record = {k: v for k, v in record.items() if v is not None}
+        if self.meta:
+            record["meta"] = self.meta
+        return record
+
+
+def is_code_kind(kind: str) -> bool:
+    """Code kinds (``code`` or ``code:<variant>``) execute tests in the sandbox."""
+    return kind == "code" or kind.startswith("code:")
+
+
+def required_fields(kind: str) -> tuple[str, ...]:
+    """The keys a task of verifier ``kind`` must carry besides the always-required ones."""
+    return CODE_KEYS if is_code_kind(kind) else ("answer",)
+
+
+def _known_kinds() -> list[str]:
+    from cdscope.tasks.verifiers import VERIFIERS  # verifiers import Task from here
+
+    return sorted(VERIFIERS)
+
+
+def check_task(task: Task, where: str = "task") -> Task:
+    """Raise CdscopeError (prefixed with ``where``) when ``task`` cannot be verified."""
+    for key in REQUIRED_KEYS:
+        value = getattr(task, key)
+        if not isinstance(value, str) or not value:
+            raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
+    kinds = _known_kinds()
+    if task.verifier not in kinds:
+        raise CdscopeError(
+            f"{where}: unknown verifier kind {task.verifier!r} (known: {', '.join(kinds)})"
+        )
+    for key in required_fields(task.verifier):
+        value = getattr(task, key)
+        if not isinstance(value, str) or not value.strip():
+            raise CdscopeError(
+                f"{where}: verifier {task.verifier!r} needs a non-empty string {key!r}"
+            )
+    for key in ("source",):
+        value = getattr(task, key)
+        if value is not None and not isinstance(value, str):
+            raise CdscopeError(f"{where}: {key!r} must be a string")
+    if not isinstance(task.meta, dict):
+        raise CdscopeError(f"{where}: 'meta' must be a JSON object")
+    return task
+
+
+def parse_task(line: str, where: str) -> Task:
+    """One JSONL line -> a checked Task; errors start with ``where`` (``file:line``)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CdscopeError(f"{where}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(record, dict):
+        raise CdscopeError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    missing = [key for key in REQUIRED_KEYS if key not in record]
+    if missing:
+        raise CdscopeError(
+            f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)})"
+        )
+    unknown = sorted(set(record) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise CdscopeError(
+            f"{where}: unknown key(s) {', '.join(unknown)} "
+            f"(allowed: {', '.join((*REQUIRED_KEYS, *OPTIONAL_KEYS))}; put extras under 'meta')"
+        )
+    for key in ("answer", "tests", "entry_point"):
+        if key in record and record[key] is not None and not isinstance(record[key], str):
+            raise CdscopeError(f"{where}: {key!r} must be a string")
+    task = Task(**{k: record[k] for k in (*REQUIRED_KEYS, *OPTIONAL_KEYS) if k in record})
+    return check_task(task, where)
+
+
+def load_tasks(paths: Sequence[str | Path]) -> list[Task]:
+    """Read and validate task files in order; duplicate ids across files are errors."""
+    if not paths:
+        raise CdscopeError("no task files given; pass --tasks FILE.jsonl")
+    tasks: list[Task] = []
+    first_seen: dict[str, str] = {}
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_file():
+            raise CdscopeError(f"task file not found: {path}")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CdscopeError(f"cannot read task file {path}: {exc}") from exc
+        count = 0
+        for lineno, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            task = parse_task(line, where)
+            if task.id in first_seen:
+                raise CdscopeError(
+                    f"{where}: duplicate id {task.id!r} (first at {first_seen[task.id]})"
+                )
+            first_seen[task.id] = where
+            tasks.append(task)
+            count += 1
+        if count == 0:
+            raise CdscopeError(f"task file {path} has no tasks")
+    return tasks
+
+
+def dumps_tasks(tasks: Sequence[Task]) -> str:
+    """The JSONL text of ``tasks`` (one compact object per line, UTF-8, stable key order)."""
+    return "".join(json.dumps(t.to_record(), ensure_ascii=False) + "\n" for t in tasks)
+
+
+def write_tasks(tasks: Sequence[Task], path: Path) -> None:
+    """Check every task, then write them as JSONL atomically (never a half-written file)."""
+    seen: set[str] = set()
+    for index, task in enumerate(tasks):
+        check_task(task, f"task {index} ({task.id!r})")
+        if task.id in seen:
+            raise CdscopeError(f"task {index}: duplicate id {task.id!r}")
+        seen.add(task.id)
+    data = dumps_tasks(tasks).encode("utf-8")
+    atomic_write_bytes(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def default_task_dir() -> Path:
+    """The shipped sets: ``$CDSCOPE_TASKS`` or the repository's ``tasks/`` folder."""
+    env = os.environ.get("CDSCOPE_TASKS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "tasks"
+
+
+def default_task_paths(split: Literal["train", "eval"]) -> list[Path]:
+    """``tasks/<split>/{math,code,logic}.jsonl`` (those present; at least one)."""
+    if split not in SPLITS:
+        raise CdscopeError(f"unknown task split {split!r}; use one of {', '.join(SPLITS)}")
+    directory = default_task_dir() / split
+    paths = [directory / f"{family}.jsonl" for family in FAMILIES]
+    paths = [p for p in paths if p.is_file()]
+    if not paths:
+        raise CdscopeError(
+            f"no shipped {split} tasks found in {directory}; pass --tasks FILE.jsonl, set "
+            "CDSCOPE_TASKS to a folder with train/ and eval/, or run tasks/build_tasks.py"
+        )
+    return paths
+
+
+def probe_verifier_kind(item: object) -> str:
+    """A probe item's verifier kind: its ``verifier`` key, else its family name."""
+    extra = getattr(item, "extra", {}) or {}
+    return str(extra.get("verifier") or item.family)  # type: ignore[attr-defined]
+
+
+def task_from_probe_item(item: object) -> Task:
+    """A probe pool item (``cdscope.probes.ProbeItem``) as a Task with the same verifier.
+
+    Probe code items store the entry point under ``answer``; math/logic items store the
+    reference answer there. Items without a ``verifier`` default to ``math``/``logic`` by
+    family; the result is checked like a loaded task.
+    """
+    extra = dict(getattr(item, "extra", {}) or {})
+    family = str(item.family)  # type: ignore[attr-defined]
+    kind = probe_verifier_kind(item)
+    answer = extra.get("answer")
+    fields = {"answer": None if answer is None else str(answer)}
+    if is_code_kind(kind):
+        fields = {"tests": extra.get("tests"), "entry_point": fields["answer"]}
+    task = Task(
+        id=str(item.id),  # type: ignore[attr-defined]
+        family=family,
+        prompt=str(item.prompt),  # type: ignore[attr-defined]
+        verifier=kind,
+        source=str(getattr(item, "source", "") or "") or None,
+        **fields,
+    )
+    return check_task(task, f"probe item {task.id!r}")

@@ -17,6 +17,7 @@ import platform
 import shlex
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -121,3 +122,20 @@ def read_parquet(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if raw is None:
         raise CdscopeError(f"{source} has no cdscope metadata: it was not written by cdscope")
     return table.to_pandas(), json.loads(raw)
+
+
+def json_record(line: str, where: str, required: Sequence[str]) -> dict:
+    """One JSONL line -> a JSON object with every ``required`` key, or a one-line
+    CdscopeError starting with ``where`` (``file:line``)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CdscopeError(f"{where}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(record, dict):
+        raise CdscopeError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    missing = [key for key in required if key not in record]
+    if missing:
+        raise CdscopeError(
+            f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(required)})"
+        )
+    return record

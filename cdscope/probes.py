@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from cdscope.errors import CdscopeError
+from cdscope.io import json_record
 
 REQUIRED_KEYS = ("id", "family", "prompt", "target")
 
@@ -80,17 +81,7 @@ def default_pool_paths() -> list[Path]:
 
 def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
     where = f"{path}:{lineno}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise CdscopeError(f"{where}: not valid JSON ({exc.msg})") from exc
-    if not isinstance(record, dict):
-        raise CdscopeError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    missing = [key for key in REQUIRED_KEYS if key not in record]
-    if missing:
-        raise CdscopeError(
-            f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)})"
-        )
+    record = json_record(line, where, REQUIRED_KEYS)
     for key in REQUIRED_KEYS:
         if not isinstance(record[key], str) or not record[key]:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")

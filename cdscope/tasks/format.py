@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from cdscope.errors import CdscopeError
-from cdscope.io import atomic_write_bytes
+from cdscope.io import atomic_write_bytes, json_record
 
 REQUIRED_KEYS = ("id", "family", "prompt", "verifier")
 OPTIONAL_KEYS = ("answer", "tests", "entry_point", "source", "meta")
@@ -104,17 +104,7 @@ def check_task(task: Task, where: str = "task") -> Task:
 
 def parse_task(line: str, where: str) -> Task:
     """One JSONL line -> a checked Task; errors start with ``where`` (``file:line``)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise CdscopeError(f"{where}: not valid JSON ({exc.msg})") from exc
-    if not isinstance(record, dict):
-        raise CdscopeError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    missing = [key for key in REQUIRED_KEYS if key not in record]
-    if missing:
-        raise CdscopeError(
-            f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(REQUIRED_KEYS)})"
-        )
+    record = json_record(line, where, REQUIRED_KEYS)
     unknown = sorted(set(record) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         raise CdscopeError(

@@ -1,0 +1,124 @@
+"""``cdscope train``: validate a run's inputs, load the model, build the probe, run a backend.
+
+Everything a user can get wrong is checked here, before the model loads where possible,
+each with one ``CdscopeError`` line: malformed task files (``tasks.load_tasks``), a probe
+family without training tasks, ``--tau`` outside [100/M, 100], non-positive sizes, an
+output folder that cannot be written or already holds a run (without ``--resume``).
+The hf backend is ``train.loop``; the trl backend is ``integrations.trl``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from cdscope.errors import CdscopeError
+from cdscope.io import check_writable, run_metadata
+from cdscope.probes import load_pool
+from cdscope.tasks.format import Task, default_task_paths, load_tasks
+from cdscope.train.config import TrainConfig
+from cdscope.train.loop import LOG_NAME, TrainInputs, TrainResult, train
+
+
+def load_training_tasks(cfg: TrainConfig) -> list[Task]:
+    paths = list(cfg.tasks) if cfg.tasks else default_task_paths("train")
+    return load_tasks(paths)
+
+
+def check_families(tasks: Sequence[Task], probe_families: Sequence[str]) -> list[str]:
+    """The sorted training families; every probe family must have training tasks."""
+    families = sorted({t.family for t in tasks})
+    missing = [f for f in probe_families if f not in families]
+    if missing:
+        raise CdscopeError(
+            f"probe family/families {', '.join(missing)} have no training tasks (training mix: "
+            f"{', '.join(families)}); add tasks for them with --tasks or restrict the probe "
+            "with --probe"
+        )
+    return families
+
+
+def prepare(
+    cfg: TrainConfig,
+    console: Console | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+    reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
+) -> TrainInputs:
+    """Validate ``cfg`` and build everything the loop needs.
+
+    ``model`` / ``tokenizer`` (both or neither) skip ``load_model`` — for tests and for
+    callers that already hold a model; ``reward_fn`` replaces the verifier rewards.
+    """
+    import torch
+
+    from cdscope.generation import ensure_pad_token
+    from cdscope.models import load_model
+    from cdscope.regularizer import check_step_resolution
+    from cdscope.train.cdrft import build_probe
+
+    cfg.validate()
+    tasks = load_training_tasks(cfg)
+    pool = load_pool(list(cfg.probe_files) or None)
+    families = check_families(tasks, pool.families)
+    cfg.validate(num_probe_families=len(pool.families))
+    check_writable(Path(cfg.out_dir) / LOG_NAME)
+    if model is None:
+        loaded = load_model(cfg.model, cfg.device, cfg.dtype, cfg.attn, console=console)
+        model, tokenizer = loaded.model, loaded.tokenizer
+        model_info = {"name": loaded.name, "revision": loaded.revision, "dtype": str(loaded.dtype)}
+    else:
+        model_info = {"name": cfg.model, "revision": "in-memory", "dtype": str(model.dtype)}
+    ensure_pad_token(tokenizer)
+    dtype = next(model.parameters()).dtype
+    if cfg.regularizer == "cdrft" and cfg.estimator != "exact":
+        check_step_resolution(cfg.eps, dtype, cfg.estimator == "richardson")
+    device = next(model.parameters()).device
+    probe = build_probe(pool, tokenizer, cfg.seed, cfg.probe_n, pool.families, cfg.template, device)
+    ref_model = None
+    if cfg.beta > 0:  # the frozen initial policy for the k3 KL; only loaded when used
+        ref_model = copy.deepcopy(model).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    torch.manual_seed(cfg.seed)
+    metadata = run_metadata(
+        "train",
+        config=cfg.to_dict(),
+        model=model_info,
+        probe_hash=pool.hash,
+        probe_files=list(pool.paths),
+        probe_families=pool.families,
+        probe_items=probe.item_ids,
+        training_families=families,
+        num_tasks=len(tasks),
+        device=str(device),
+    )
+    return TrainInputs(
+        cfg, model, tokenizer, tasks, families, probe, metadata, ref_model, reward_fn
+    )
+
+
+def run_train(
+    cfg: TrainConfig,
+    resume: bool = False,
+    console: Console | None = None,
+    *,
+    stop_after: int | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+    reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
+) -> TrainResult:
+    """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL)."""
+    console = console or Console(stderr=True)
+    inputs = prepare(cfg, console, model, tokenizer, reward_fn)
+    if cfg.extra.get("trl") and cfg.backend != "trl":
+        raise CdscopeError("--trl-arg only applies with --backend trl")
+    if cfg.backend == "trl":
+        from cdscope.integrations.trl import train_with_trl
+
+        return train_with_trl(inputs, resume=resume, console=console, **cfg.extra.get("trl", {}))
+    return train(inputs, resume=resume, console=console, stop_after=stop_after)

@@ -1,0 +1,1 @@
+"""Optional integrations with other training stacks (install their extras)."""

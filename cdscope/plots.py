@@ -7,6 +7,7 @@
   family rows (mean over seeds) per model.
 - ``plot_random_reference``: histogram of the random-reference B_shared with the
   measured value and the 95th/99th percentiles marked.
+- ``plot_passk``: pass@k against k, one panel per domain plus overall, one line per model.
 """
 
 from __future__ import annotations
@@ -339,5 +340,42 @@ def plot_eap(
         _edge_heatmap(fig.add_subplot(grid[i, :]), fig, matrices[model], graph, title, limits)
     for j, key in enumerate(("intensity", "info_complexity", "kurtosis")):
         _stat_strip(fig.add_subplot(grid[len(models), j]), per_sample, summary, key, models)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None) -> None:
+    """pass@k against k (SPEC §7): one panel per domain plus overall, one line per model
+    (in the order of ``models``, default: as they appear)."""
+    _style()
+    rows = passk[(passk["subset"] == "all") & passk["level"].isin(["domain", "overall"])]
+    panels = [*sorted(rows.loc[rows["level"] == "domain", "domain"].unique()), "overall"]
+    models = models or list(dict.fromkeys(rows["model"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.3), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        part = (
+            rows[rows["level"] == "overall"]
+            if panel == "overall"
+            else rows[rows["domain"] == panel]
+        )
+        for i, model in enumerate(models):
+            line = part[part["model"] == model].sort_values("k")
+            ax.plot(
+                line["k"],
+                100 * line["pass_at_k"],
+                marker="o",
+                color=PALETTE[i % len(PALETTE)],
+                label=_short(model),
+            )
+        problems = int(part["problems"].max()) if len(part) else 0
+        ax.set_title(f"{panel} ({problems} problem{'' if problems == 1 else 's'})")
+        ax.set_xscale("log", base=2)
+        ks = sorted(part["k"].unique())
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("k")
+        ax.set_ylim(-2, 102)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("pass@k (%)")
+    axes[0][-1].legend(loc="best", fontsize=8, frameon=False)
     fig.tight_layout()
     _save(fig, path)

@@ -128,6 +128,9 @@ def gradcheck(
         ),
     ] = False,
     batch_size: BatchOpt = None,
+    first_seed: Annotated[
+        int, typer.Option("--first-seed", min=0, help="Seeds run first-seed .. first-seed+seeds-1.")
+    ] = 0,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
@@ -147,7 +150,7 @@ def gradcheck(
     frame = run_gradcheck(
         model,
         pool,
-        tuple(range(seeds)),
+        tuple(range(first_seed, first_seed + seeds)),
         n,
         template,
         eps_values,

@@ -1,0 +1,286 @@
+"""eval: sample, verify and score unbiased pass@k per benchmark (SPEC §7); contamination audit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from cdscope.cli.common import (
+    AttnOpt,
+    DeviceOpt,
+    DtypeOpt,
+    PlotOpt,
+    ResumeOpt,
+    app,
+    err_console,
+    out_console,
+    user_errors,
+)
+from cdscope.errors import CdscopeError
+
+
+def parse_ks(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CdscopeError(
+            f"--k takes comma-separated integers like 1,5,10; got {text!r}"
+        ) from None
+    if not values:
+        raise CdscopeError(f"--k takes comma-separated integers like 1,5,10; got {text!r}")
+    return values
+
+
+def parse_max_new_tokens(text: str | None) -> dict[str, int]:
+    """'' -> {} (per-domain defaults); '128' -> every domain; 'code=256,math=128' -> those."""
+    if not text:
+        return {}
+    out: dict[str, int] = {}
+    try:
+        if "=" not in text:
+            out = {"*": int(text)}
+        else:
+            for part in filter(None, (p.strip() for p in text.split(","))):
+                domain, value = part.split("=", 1)
+                out[domain.strip()] = int(value)
+    except ValueError:
+        raise CdscopeError(
+            f"--max-new-tokens takes N or DOMAIN=N,... (e.g. 128 or code=256,logic=192); got {text!r}"
+        ) from None
+    if any(v < 1 for v in out.values()):
+        raise CdscopeError(f"--max-new-tokens values must be >= 1; got {text!r}")
+    return out
+
+
+def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
+    """One row per (scope, model): each domain's benchmarks, then the domain mean, then
+    overall (and the same for the hard subset); one column per k, in percent."""
+    models = models or list(dict.fromkeys(passk["model"]))
+    ks = sorted(passk["k"].unique())
+    table = Table(title="pass@k (%, unbiased estimator)", title_justify="left")
+    table.add_column("scope", no_wrap=True)
+    if len(models) > 1:
+        table.add_column("model", no_wrap=True)
+    table.add_column("problems", justify="right")
+    for k in ks:
+        table.add_column(f"pass@{k}", justify="right")
+    wide = passk.pivot_table(
+        index=["subset", "level", "domain", "benchmark", "model"],
+        columns="k",
+        values="pass_at_k",
+        aggfunc="first",
+    )
+    problems = passk.groupby(["subset", "level", "domain", "benchmark", "model"])["problems"].max()
+    for subset in [s for s in ("all", "hard") if s in set(passk["subset"])]:
+        rows = passk[passk["subset"] == subset]
+        order = []
+        for domain in sorted(set(rows.loc[rows["level"] == "domain", "domain"])):
+            benches = sorted(
+                set(
+                    rows.loc[
+                        (rows["level"] == "benchmark") & (rows["domain"] == domain), "benchmark"
+                    ]
+                )
+            )
+            order += [("benchmark", domain, b) for b in benches] + [("domain", domain, "")]
+        order.append(("overall", "", ""))
+        prefix = "hard: " if subset == "hard" else ""
+        for level, domain, bench in order:
+            scope = bench if level == "benchmark" else (f"{domain} (mean)" if domain else "overall")
+            for model in models:
+                key = (subset, level, domain, bench, model)
+                if key not in wide.index:
+                    continue
+                cells = [f"{100 * wide.loc[key, k]:.1f}" for k in ks]
+                head = [escape(prefix + scope)] + ([escape(model)] if len(models) > 1 else [])
+                style = None if level == "benchmark" else "bold"
+                table.add_row(*head, str(int(problems[key])), *cells, style=style)
+    return table
+
+
+def stats_table(stats: pd.DataFrame) -> Table:
+    table = Table(title="generation and verification", title_justify="left")
+    for name in (
+        "model",
+        "problems",
+        "samples",
+        "empty",
+        "tokens",
+        "tokens/s",
+        "generate s",
+        "verify s",
+        "verify share",
+    ):
+        table.add_column(name, justify="left" if name == "model" else "right")
+    for row in stats.itertuples(index=False):
+        table.add_row(
+            escape(row.model),
+            str(row.problems),
+            str(row.samples),
+            str(row.empty),
+            str(row.tokens),
+            "-" if pd.isna(row.tokens_per_s) else f"{row.tokens_per_s:.1f}",
+            f"{row.generate_s:.1f}",
+            f"{row.verify_s:.1f}",
+            "-" if pd.isna(row.verify_share) else f"{100 * row.verify_share:.1f}%",
+        )
+    return table
+
+
+def _short_pair(pair: str, benchmark: str) -> str:
+    """'math/gcd/eval/0 ~ math/gcd/train/3' -> 'eval/0 ~ train/3' (benchmark prefix dropped)."""
+    return " ~ ".join(p.removeprefix(benchmark + "/") for p in pair.split(" ~ "))
+
+
+def audit_table(frame: pd.DataFrame) -> Table:
+    table = Table(title="contamination audit: eval items flagged", title_justify="left")
+    heads = ["benchmark", "vs", "items", "exact", "normalised", "J>=0.5", "J>=0.8"]
+    heads += ["code items", "same asserts", "max J", "max J pair"]
+    for name in heads:
+        left = name in ("benchmark", "vs", "max J pair")
+        table.add_column(name, justify="left" if left else "right", no_wrap=name != "max J pair")
+    thresholds = [c for c in frame.columns if c.startswith("jaccard>=")]
+    for row in frame.to_dict("records"):
+        cells = [row["benchmark"], row["against"], row["items"], row["exact"], row["normalised"]]
+        cells += [row[c] for c in thresholds] + [row["code_items"], row["same_asserts"]]
+        cells += [f"{row['max_jaccard']:.3f}", _short_pair(row["max_pair"], row["benchmark"])]
+        table.add_row(*(escape(str(c)) for c in cells))
+    return table
+
+
+@app.command("eval")
+@user_errors
+def eval_command(
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model: hub id, local directory, .gguf, or 'smollm2-135m' (default). Repeat to "
+            "compare models. With --audit and no --model, only the audit runs.",
+        ),
+    ] = None,
+    tasks: Annotated[
+        list[Path] | None,
+        typer.Option("--tasks", help="Task JSONL file(s) (default: the shipped eval sets)."),
+    ] = None,
+    n: Annotated[int, typer.Option("--n", min=1, help="Samples per problem.")] = 4,
+    k: Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")] = "1",
+    temperature: Annotated[
+        float, typer.Option("--temperature", min=0.0, help="Sampling temperature (0 = greedy).")
+    ] = 0.6,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
+    max_new_tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--max-new-tokens",
+            help="N for every domain, or DOMAIN=N,... [default: code=256, math=256, logic=192].",
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="Run seed (per problem: seed x id).")
+    ] = 0,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="First N problems of each benchmark.")
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", "-b", min=1, help="Rows per generate call [default: n]."),
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="hf | vllm (if installed).")] = "hf",
+    hard: Annotated[
+        Path | None, typer.Option("--hard", help="File of task ids (one per line): hard subset.")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("results/eval"),
+    resume: ResumeOpt = False,
+    plot: PlotOpt = None,
+    audit: Annotated[
+        bool, typer.Option("--audit", help="Audit the eval sets against train + probe sets.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds per code test.")
+    ] = 5.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel code sandboxes.")] = 2,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    attn: AttnOpt = "auto",
+) -> None:
+    """Sample n completions per problem, verify them, report unbiased pass@k (SPEC §7).
+
+    pass@k per benchmark (mean over problems), per domain (mean of its benchmarks) and
+    overall (mean of domains), plus the --hard subset. Writes OUT/samples.parquet (one
+    row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
+    """
+    from cdscope.commands.evaluate import EvalSettings, check_backend, evaluate, read_hard_ids
+    from cdscope.frames import ModelOptions
+    from cdscope.io import check_plot_path, check_writable
+    from cdscope.tasks import default_task_paths, load_tasks
+
+    task_paths = list(tasks) if tasks else default_task_paths("eval")
+    loaded_tasks = load_tasks(task_paths)
+    settings = EvalSettings(
+        n=n,
+        ks=tuple(parse_ks(k)),
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        max_new_tokens=parse_max_new_tokens(max_new_tokens),
+        limit=limit,
+        batch_size=batch_size,
+        backend=backend,
+        timeout=timeout,
+        workers=workers,
+    )
+    run_models = bool(model) or not audit
+    if run_models:
+        from cdscope.passk import check_ks
+
+        check_ks(settings.ks, n)
+        check_backend(backend)
+        check_writable(out / "samples.parquet")
+        if plot is not None:
+            check_plot_path(plot)
+    hard_ids = read_hard_ids(hard, loaded_tasks) if hard else None
+    if audit:
+        from cdscope.contamination import audit as run_audit
+        from cdscope.contamination import items_from_tasks, shipped_references
+        from cdscope.io import run_metadata, write_parquet
+
+        frame = run_audit(items_from_tasks(loaded_tasks), shipped_references())
+        out_console.print(audit_table(frame))
+        target = check_writable(out / "contamination.parquet")
+        write_parquet(
+            frame, target, run_metadata("eval --audit", task_files=[str(p) for p in task_paths])
+        )
+        err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)
+    if not run_models:
+        return
+    from cdscope.cli.common import _models
+
+    result = evaluate(
+        _models(model),
+        loaded_tasks,
+        settings,
+        out,
+        ModelOptions(device, dtype, attn),
+        resume,
+        hard_ids,
+        err_console,
+    )
+    out_console.print(passk_table(result.passk, list(dict.fromkeys(_models(model)))))
+    out_console.print(stats_table(result.stats))
+    if plot is not None:
+        from cdscope.plots import plot_passk
+
+        plot_passk(plot, result.passk, list(dict.fromkeys(_models(model))))
+        err_console.print(f"[green]wrote[/green] {plot}", soft_wrap=True)
+    err_console.print(
+        f"[green]wrote[/green] {out / 'samples.parquet'} ({len(result.samples)} samples) and "
+        f"{out / 'passk.parquet'}",
+        soft_wrap=True,
+    )

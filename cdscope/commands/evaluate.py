@@ -1,0 +1,330 @@
+"""``cdscope eval``: sample, verify and score pass@k for one or more models (SPEC §7).
+
+For each model and each selected problem (the first ``limit`` tasks of every benchmark,
+in file order): draw ``n`` completions with ``cdscope.generation.sample`` under a seed
+derived from (run seed, problem id) alone, score them with ``cdscope.tasks.verify_many``
+(code only inside the sandbox), and append one row per sample. Because a problem's
+samples depend only on its own seed, ``--resume`` skips the problems already in the
+per-sample file and the rerun gives exactly the samples an uninterrupted run would have.
+Empty completions are failures ("empty completion") without running a verifier.
+
+Outputs in ``out_dir``: ``samples.parquet`` (rewritten atomically every few seconds and
+at the end) and ``passk.parquet`` (``cdscope.passk.summarize``), both with run metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cdscope.contamination import benchmark_of
+from cdscope.errors import CdscopeError
+from cdscope.frames import ModelOptions
+from cdscope.io import run_metadata, write_parquet
+from cdscope.passk import check_ks, summarize
+
+DEFAULT_MAX_NEW_TOKENS = {"code": 256, "math": 256, "logic": 192}
+FALLBACK_MAX_NEW_TOKENS = 256
+SAMPLE_COLUMNS = [
+    "model",
+    "benchmark",
+    "domain",
+    "problem_id",
+    "sample",
+    "completion",
+    "passed",
+    "message",
+    "generated_tokens",
+]
+WRITE_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What decides the samples (compared on --resume) plus how the run is executed."""
+
+    n: int = 4
+    ks: tuple[int, ...] = (1,)
+    temperature: float = 0.6
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: dict[str, int] = field(default_factory=dict)  # per-domain overrides
+    limit: int | None = None
+    batch_size: int | None = None
+    backend: str = "hf"
+    timeout: float = 5.0
+    workers: int = 2
+
+    def tokens_for(self, domain: str) -> int:
+        """Explicit DOMAIN=N, else '*' (one N for all), else the per-domain default."""
+        default = DEFAULT_MAX_NEW_TOKENS.get(domain, FALLBACK_MAX_NEW_TOKENS)
+        return self.max_new_tokens.get(domain, self.max_new_tokens.get("*", default))
+
+    def comparable(self) -> dict:
+        """The settings a resumed run must share with the file it extends."""
+        keep = ("n", "temperature", "top_p", "seed", "batch_size", "backend")
+        return {k: v for k, v in asdict(self).items() if k in keep} | {
+            "max_new_tokens": dict(sorted(self.max_new_tokens.items()))
+        }
+
+
+@dataclass
+class EvalResult:
+    samples: pd.DataFrame
+    passk: pd.DataFrame
+    stats: pd.DataFrame  # per model: problems, samples, tokens, tokens/s, verify share, empty
+    metadata: dict
+
+
+def problem_seed(seed: int, problem_id: str) -> int:
+    """The generation seed of one problem: a function of (run seed, problem id) only."""
+    digest = hashlib.sha256(problem_id.encode()).digest()
+    words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
+    return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def select(tasks: Sequence, limit: int | None) -> list[tuple[object, str]]:
+    """(task, benchmark) for the first ``limit`` tasks of each benchmark, in file order."""
+    if limit is not None and limit < 1:
+        raise CdscopeError(f"--limit must be >= 1, got {limit}")
+    taken: dict[str, int] = {}
+    out = []
+    for task in tasks:
+        bench = benchmark_of(task.id, task.family, task.meta)
+        if limit is None or taken.get(bench, 0) < limit:
+            taken[bench] = taken.get(bench, 0) + 1
+            out.append((task, bench))
+    return out
+
+
+def read_hard_ids(path: Path, tasks: Sequence) -> set[str]:
+    """Task ids (one per line, '#' comments) marking the hard subset; all must be known."""
+    if not path.is_file():
+        raise CdscopeError(f"--hard file not found: {path}")
+    ids = {
+        line.split("#", 1)[0].strip()
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.split("#", 1)[0].strip()
+    }
+    if not ids:
+        raise CdscopeError(f"--hard file {path} lists no task ids (one id per line)")
+    unknown = sorted(ids - {t.id for t in tasks})
+    if unknown:
+        raise CdscopeError(
+            f"--hard: {len(unknown)} id(s) in {path} match no loaded task "
+            f"(first: {unknown[0]!r}); use ids from the --tasks files"
+        )
+    return ids
+
+
+def check_backend(backend: str) -> None:
+    if backend not in ("hf", "vllm"):
+        raise CdscopeError(f"--backend must be hf or vllm, got {backend!r}")
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise CdscopeError(
+            "--backend vllm needs the vllm package (pip install vllm, on a CUDA machine); "
+            "use --backend hf here"
+        )
+
+
+def check_sandbox(tasks: Sequence) -> None:
+    """Refuse before any generation when code tasks cannot be scored in a sandbox."""
+    from cdscope.tasks import sandbox
+    from cdscope.tasks.format import is_code_kind
+
+    if any(is_code_kind(t.verifier) for t in tasks):
+        ok, reason = sandbox.sandbox_available()
+        if not ok:
+            raise CdscopeError(
+                f"cannot score code tasks: no sandbox here ({reason}); generated code is never "
+                "run unsandboxed - drop the code task files from --tasks"
+            )
+
+
+Generator = Callable[[object, str, int, int], tuple[list[str], list[int]]]
+
+
+def hf_generator(loaded: object, settings: EvalSettings) -> Generator:
+    """(prompt, max_new_tokens, seed) -> n completions and their token counts, via HF."""
+    from cdscope.generation import sample
+
+    def generate(_task: object, prompt: str, max_new: int, seed: int):  # noqa: ANN202
+        r = sample(
+            loaded.model,  # type: ignore[attr-defined]
+            loaded.tokenizer,  # type: ignore[attr-defined]
+            [prompt],
+            num_samples=settings.n,
+            max_new_tokens=max_new,
+            temperature=settings.temperature,
+            seed=seed,
+            batch_size=settings.batch_size,
+            top_p=settings.top_p,
+        )
+        return r.texts, r.completion_mask.sum(dim=1).tolist()
+
+    return generate
+
+
+def vllm_generator(loaded: object, settings: EvalSettings) -> Generator:  # pragma: no cover
+    """The same contract through vLLM (GPU machines; not exercised on CPU-only hosts)."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=loaded.source, dtype=str(loaded.dtype).removeprefix("torch."))  # type: ignore[attr-defined]
+
+    def generate(_task: object, prompt: str, max_new: int, seed: int):  # noqa: ANN202
+        params = SamplingParams(
+            n=settings.n,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_tokens=max_new,
+            seed=seed,
+        )
+        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs
+        return [o.text for o in out], [len(o.token_ids) for o in out]
+
+    return generate
+
+
+def _score(tasks: list, texts: list[str], settings: EvalSettings) -> list[tuple[bool, str]]:
+    from cdscope.tasks import verify_many
+
+    todo = [i for i, t in enumerate(texts) if t.strip()]
+    verdicts = verify_many(
+        [tasks[i] for i in todo],
+        [texts[i] for i in todo],
+        timeout=settings.timeout,
+        workers=settings.workers,
+    )
+    out = [(False, "empty completion")] * len(texts)
+    for i, v in zip(todo, verdicts, strict=True):
+        out[i] = (bool(v.passed), v.message)
+    return out
+
+
+def evaluate(
+    model_specs: Sequence[str],
+    tasks: Sequence,
+    settings: EvalSettings,
+    out_dir: Path,
+    options: ModelOptions = ModelOptions(),
+    resume: bool = False,
+    hard_ids: Collection[str] | None = None,
+    console: Console | None = None,
+) -> EvalResult:
+    """Generate, verify and summarise every (model, selected problem); see the module doc."""
+    from cdscope.commands.probe import _resume_state  # same settings check as probe
+    from cdscope.models import load_model
+
+    console = console or Console(stderr=True)
+    if len(set(model_specs)) != len(model_specs):
+        raise CdscopeError("the same --model is given twice")
+    ks = check_ks(settings.ks, settings.n)
+    check_backend(settings.backend)
+    chosen = select(tasks, settings.limit)
+    check_sandbox([t for t, _ in chosen])
+    samples_path, passk_path = out_dir / "samples.parquet", out_dir / "passk.parquet"
+    metadata = run_metadata(
+        "eval",
+        settings=settings.comparable(),
+        ks=ks,
+        limit=settings.limit,
+        task_ids_hash=hashlib.sha256("\n".join(t.id for t, _ in chosen).encode()).hexdigest()[:16],
+        models=[],
+    )
+    frames: list[pd.DataFrame] = []
+    done: set[tuple[str, str]] = set()
+    if resume and samples_path.is_file():
+        previous, metadata["models"] = _resume_state(samples_path, metadata)
+        frames.append(previous)
+        done = set(zip(previous["model"], previous["problem_id"], strict=True))
+        console.print(f"[dim]--resume: keeping {len(done)} finished (model, problem) pairs[/dim]")
+
+    stats = []
+    start_all = time.perf_counter()
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("eval", total=len(model_specs) * len(chosen))
+        for spec in model_specs:
+            todo = [(t, b) for t, b in chosen if (spec, t.id) not in done]
+            progress.advance(bar, len(chosen) - len(todo))
+            record = dict(model=spec, problems=len(todo), samples=0, tokens=0, empty=0)
+            record.update(generate_s=0.0, verify_s=0.0, wall_s=0.0)
+            if not todo:
+                stats.append(record)
+                continue
+            progress.update(bar, description=f"loading {spec}")
+            t_model = time.perf_counter()
+            loaded = load_model(spec, options.device, options.dtype, options.attn, console=console)
+            metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
+                dict(name=spec, source=loaded.source, revision=loaded.revision)
+            ]
+            make = vllm_generator if settings.backend == "vllm" else hf_generator
+            generate = make(loaded, settings)
+            last_write = time.perf_counter()
+            for task, bench in todo:
+                t0 = time.perf_counter()
+                texts, counts = generate(
+                    task,
+                    task.prompt,
+                    settings.tokens_for(task.family),
+                    problem_seed(settings.seed, task.id),
+                )
+                t1 = time.perf_counter()
+                verdicts = _score([task] * len(texts), texts, settings)
+                record["generate_s"] += t1 - t0
+                record["verify_s"] += time.perf_counter() - t1
+                record["tokens"] += int(sum(counts))
+                record["samples"] += len(texts)
+                record["empty"] += sum(not t.strip() for t in texts)
+                frames.append(
+                    pd.DataFrame(
+                        dict(
+                            model=spec,
+                            benchmark=bench,
+                            domain=task.family,
+                            problem_id=task.id,
+                            sample=np.arange(len(texts)),
+                            completion=texts,
+                            passed=[v[0] for v in verdicts],
+                            message=[v[1] for v in verdicts],
+                            generated_tokens=np.asarray(counts, dtype=np.int64),
+                        )
+                    )
+                )
+                rate = record["tokens"] / max(record["generate_s"], 1e-9)
+                progress.update(bar, description=f"{spec} {rate:.0f} tok/s")
+                progress.advance(bar)
+                if time.perf_counter() - last_write > WRITE_EVERY_S:
+                    write_parquet(pd.concat(frames, ignore_index=True), samples_path, metadata)
+                    last_write = time.perf_counter()
+            record["wall_s"] = time.perf_counter() - t_model
+            stats.append(record)
+            del loaded, generate
+
+    samples = (
+        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SAMPLE_COLUMNS)
+    )
+    write_parquet(samples, samples_path, metadata)
+    wanted = samples["model"].isin(list(model_specs)) & samples["problem_id"].isin(
+        [t.id for t, _ in chosen]
+    )
+    passk = summarize(samples[wanted], ks, hard_ids)
+    write_parquet(passk, passk_path, metadata | {"samples_file": str(samples_path)})
+    stats_frame = pd.DataFrame(stats)
+    stats_frame["tokens_per_s"] = stats_frame["tokens"] / stats_frame["generate_s"].where(
+        stats_frame["generate_s"] > 0
+    )
+    stats_frame["verify_share"] = stats_frame["verify_s"] / stats_frame["wall_s"].where(
+        stats_frame["wall_s"] > 0
+    )
+    metadata["wall_s"] = time.perf_counter() - start_all
+    return EvalResult(samples[wanted].reset_index(drop=True), passk, stats_frame, metadata)

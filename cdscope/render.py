@@ -16,8 +16,12 @@ def _pct(value: float) -> str:
 
 
 def short_model_name(name: str) -> str:
-    """Paths shown by their last component; hub ids and the embedded name as they are."""
-    return Path(name).name if ("/" in name and Path(name).exists()) else name
+    """Paths shown by their last two components (``runs/cdrft/final`` -> ``cdrft/final``,
+    so training runs' ``final`` folders stay apart); hub ids and the embedded name as
+    they are."""
+    if "/" in name and Path(name).exists():
+        return "/".join(Path(name).resolve().parts[-2:])
+    return name
 
 
 def seed_summary_table(frame: pd.DataFrame) -> Table:

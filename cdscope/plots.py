@@ -41,8 +41,13 @@ def _save(fig: plt.Figure, path: Path) -> None:
     plt.close(fig)
 
 
+MARKERS = ("o", "s", "^", "D", "v")
+
+
 def _short(name: str, width: int = 22) -> str:
-    name = Path(name).name if "/" in name and Path(name).exists() else name
+    from cdscope.render import short_model_name
+
+    name = short_model_name(name)
     return name if len(name) <= width else "…" + name[-(width - 1) :]
 
 
@@ -363,7 +368,9 @@ def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None)
             ax.plot(
                 line["k"],
                 100 * line["pass_at_k"],
-                marker="o",
+                marker=MARKERS[i % len(MARKERS)],
+                markersize=8 - 2 * (i % 3),  # later models drawn smaller: equal curves stay visible
+                linestyle=("-", "--", ":")[i % 3],
                 color=PALETTE[i % len(PALETTE)],
                 label=_short(model),
             )

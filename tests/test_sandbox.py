@@ -229,3 +229,39 @@ def test_every_fallback_configuration_runs_and_contains(tmp_path) -> None:
             break
     assert working and working[0] == sb.sandbox_layers()  # the strongest one is chosen
     assert not target.exists()
+
+
+# -- the same attacks as completions of a code task, scored by the training reward ------
+ADD = Task(
+    "code/attack/0",
+    "code",
+    "def add(a, b):\n",
+    "code",
+    tests="def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
+    entry_point="add",
+)
+
+
+def _attacks(target: Path) -> dict[str, str]:
+    """Function bodies that return the right answer after (or while) attacking the host,
+    so a reward of 0 shows containment, not a wrong answer."""
+    return {
+        "infinite loop": "    while True:\n        pass\n    return a + b\n",
+        "fork bomb": "    import os\n    while True:\n        os.fork()\n    return a + b\n",
+        "huge allocation": "    x = bytearray(10**11)\n    return a + b\n",
+        "write outside": f"    open({str(target)!r}, 'w').write('x')\n    return a + b\n",
+        "os.system": f"    import os\n    os.system('touch {target}')\n    return a + b\n",
+    }
+
+
+def test_attacking_completions_score_zero_as_training_rewards(tmp_path) -> None:
+    from cdscope.train.loop import verifier_rewards
+
+    target = tmp_path / "pwned"
+    attacks = _attacks(target)
+    honest = "    return a + b\n"
+    start = time.perf_counter()
+    rewards = verifier_rewards([ADD] * (len(attacks) + 1), [*attacks.values(), honest], TIMEOUT)
+    assert rewards == [0.0] * len(attacks) + [1.0], dict(zip(attacks, rewards, strict=False))
+    assert not target.exists()
+    assert time.perf_counter() - start < 4 * TIMEOUT  # the loop is cut by the clock, once

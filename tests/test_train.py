@@ -239,3 +239,50 @@ def test_cli_bad_input_exits_2(files, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 2
     assert "--tau" in result.output
+
+
+def test_cli_trains_with_the_real_verifiers_and_bshared_loads_the_result(
+    files, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The user's path end to end: a local model directory, verifier rewards, the per-step
+    log, the final folder audited by ``cdscope bshared``."""
+    out = tmp_path / "run"
+    common = ["--probe", str(files["pool"])]
+    result = CliRunner().invoke(
+        app,
+        ["train", "--model", str(tiny_model_dir), "--tasks", str(files["tasks"]), *common,
+         "--out-dir", str(out), "--steps", "2", "--prompts-per-step", "3", "--group-size", "2",
+         "--max-new-tokens", "4", "--regularizer", "cdrft", "--tau", "34", "--k-max", "1",
+         "--estimator", "proxy", "--probe-n", "2", "--save-every", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    log, meta = read_parquet(out / "log.parquet")
+    assert list(log["step"]) == [1, 2] and meta["model"]["dtype"] == "torch.float32"
+    assert log["reward"].between(0, 1).all() and (log["regularizer_s"] > 0).all()
+    # each step opens at the theta the previous one closed at: one measurement, carried over
+    assert log["b_shared_before"].iloc[1] == log["b_shared_after"].iloc[0]
+    audit = CliRunner().invoke(
+        app, ["bshared", "-m", str(out / "final"), *common, "--n", "2", "--seeds", "1",
+              "--out", str(tmp_path / "b.parquet"), "--json"],
+    )  # fmt: skip
+    assert audit.exit_code == 0, audit.output
+    (row,) = [r for r in json.loads(audit.stdout)["per_seed"] if r["measure"] == "B_shared_C"]
+    assert abs(row["value"] - log["b_shared_after"].iloc[1]) < 1e-6  # the same probe, reloaded
+
+
+def test_code_tasks_without_a_sandbox_are_refused_before_training(
+    files, tmp_path: Path, monkeypatch
+) -> None:
+    from cdscope.tasks import sandbox
+
+    monkeypatch.setattr(sandbox, "sandbox_available", lambda: (False, "no namespaces, no rlimits"))
+    code_task = {
+        "id": "code/x/0", "family": "code", "prompt": "def f():\n", "verifier": "code",
+        "tests": "def check(c):\n    assert c() == 1\n", "entry_point": "f",
+    }  # fmt: skip
+    tasks = tmp_path / "mixed.jsonl"
+    tasks.write_text(files["tasks"].read_text() + json.dumps(code_task) + "\n")
+    cfg = config(files, tmp_path / "run", tasks=(str(tasks),))
+    with pytest.raises(CdscopeError, match="cannot score code tasks: no sandbox here"):
+        run_train(cfg, model=tiny_model("llama", "sdpa"), tokenizer=byte_tokenizer())
+    assert not (tmp_path / "run" / "log.parquet").exists()

@@ -9,7 +9,6 @@ import typer
 
 from cdscope.cli.common import (
     DeviceOpt,
-    DtypeOpt,
     ProbeOpt,
     TemplateOpt,
     app,
@@ -99,7 +98,14 @@ def train(
         ),
     ] = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype",
+            help="auto (float32 on every device: bf16 loses AdamW updates and the "
+            "regulariser's gate steps) | float32 | bfloat16 | float64.",
+        ),
+    ] = "auto",
 ) -> None:
     """GRPO post-training, with (cdrft) or without (none) the CD-RFT regulariser (SPEC §5).
 

@@ -31,6 +31,7 @@ from cdscope.errors import CdscopeError
 from cdscope.frames import ModelOptions
 from cdscope.io import run_metadata, write_parquet
 from cdscope.passk import check_ks, summarize
+from cdscope.tasks.sandbox import require_sandbox_for
 
 DEFAULT_MAX_NEW_TOKENS = {"code": 256, "math": 256, "logic": 192}
 FALLBACK_MAX_NEW_TOKENS = 256
@@ -136,20 +137,6 @@ def check_backend(backend: str) -> None:
         )
 
 
-def check_sandbox(tasks: Sequence) -> None:
-    """Refuse before any generation when code tasks cannot be scored in a sandbox."""
-    from cdscope.tasks import sandbox
-    from cdscope.tasks.format import is_code_kind
-
-    if any(is_code_kind(t.verifier) for t in tasks):
-        ok, reason = sandbox.sandbox_available()
-        if not ok:
-            raise CdscopeError(
-                f"cannot score code tasks: no sandbox here ({reason}); generated code is never "
-                "run unsandboxed - drop the code task files from --tasks"
-            )
-
-
 Generator = Callable[[object, str, int, int], tuple[list[str], list[int]]]
 
 
@@ -230,7 +217,7 @@ def evaluate(
     ks = check_ks(settings.ks, settings.n)
     check_backend(settings.backend)
     chosen = select(tasks, settings.limit)
-    check_sandbox([t for t, _ in chosen])
+    require_sandbox_for([t for t, _ in chosen], "drop the code task files from --tasks")
     samples_path, passk_path = out_dir / "samples.parquet", out_dir / "passk.parquet"
     metadata = run_metadata(
         "eval",

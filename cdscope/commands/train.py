@@ -42,6 +42,16 @@ def check_families(tasks: Sequence[Task], probe_families: Sequence[str]) -> list
     return families
 
 
+def training_dtype(dtype: str) -> str:
+    """``auto`` trains in float32 on every device.
+
+    Pure bf16 training rounds most AdamW updates away (lr 2e-6 times a unit step is far
+    below bf16's relative spacing 2^-8 at typical weights), and the first-order
+    regulariser's gate steps eps * Ŵ are lost in bf16 (``regularizer.check_realised_perturbation``).
+    """
+    return "float32" if dtype == "auto" else dtype
+
+
 def prepare(
     cfg: TrainConfig,
     console: Console | None = None,
@@ -59,16 +69,21 @@ def prepare(
     from cdscope.generation import ensure_pad_token
     from cdscope.models import load_model
     from cdscope.regularizer import check_step_resolution
+    from cdscope.tasks.sandbox import require_sandbox_for
     from cdscope.train.cdrft import build_probe
 
     cfg.validate()
     tasks = load_training_tasks(cfg)
     pool = load_pool(list(cfg.probe_files) or None)
     families = check_families(tasks, pool.families)
+    if reward_fn is None:  # the shared verifiers score the rollouts: code needs the sandbox
+        require_sandbox_for(tasks, "train on math and logic task files only (--tasks)")
     cfg.validate(num_probe_families=len(pool.families))
     check_writable(Path(cfg.out_dir) / LOG_NAME)
     if model is None:
-        loaded = load_model(cfg.model, cfg.device, cfg.dtype, cfg.attn, console=console)
+        loaded = load_model(
+            cfg.model, cfg.device, training_dtype(cfg.dtype), cfg.attn, console=console
+        )
         model, tokenizer = loaded.model, loaded.tokenizer
         model_info = {"name": loaded.name, "revision": loaded.revision, "dtype": str(loaded.dtype)}
     else:

@@ -42,10 +42,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdscope.errors import CdscopeError
+from cdscope.tasks.format import Task, is_code_kind
 
 NOBODY = 65534
 MAX_OUTPUT_BYTES = 64 * 1024  # of stdout/stderr kept for the result
@@ -170,6 +172,18 @@ def sandbox_available() -> tuple[bool, str]:
     """``(True, description of the active layers)`` or ``(False, why not)``."""
     layers, reason = _detect()
     return (True, layers.describe()) if layers is not None else (False, reason)
+
+
+def require_sandbox_for(tasks: Sequence[Task], remedy: str) -> None:
+    """Refuse (before any generation) when ``tasks`` hold code tasks and no sandbox works:
+    generated code is never run unsandboxed. ``remedy`` ends the one-line message."""
+    if any(is_code_kind(t.verifier) for t in tasks):
+        ok, reason = sandbox_available()
+        if not ok:
+            raise CdscopeError(
+                f"cannot score code tasks: no sandbox here ({reason}); generated code is never "
+                f"run unsandboxed - {remedy}"
+            )
 
 
 def _tail(path: Path) -> str:

@@ -7,7 +7,8 @@ One step t (both arms identical except where marked):
    order depends on (seed, t) only — the same for both arms and after ``--resume``;
 2. rollouts: ``generation.sample`` with G samples per prompt and seed (seed, t);
 3. rewards: ``tasks.verifiers.verify_many``, passed -> 1.0 else 0.0;
-4. probe measurement B_shared / R before the step (both arms, logged);
+4. probe measurement B_shared / R before the step (both arms, logged; carried over from
+   the previous step's closing measurement, which is at the same theta);
 5. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches;
 6. [cdrft] lambda * grad R(C(theta)) on the probe added to the gradient;
 7. a diverging step (non-finite loss or gradient) stops the run before the update;
@@ -42,6 +43,7 @@ from cdscope.io import write_parquet
 from cdscope.tasks.format import Task
 from cdscope.tasks.verifiers import verify_many
 from cdscope.train.cdrft import (
+    ProbeMeasure,
     ProjectionResult,
     add_regularizer_grad,
     finite_params,
@@ -179,6 +181,9 @@ def train(
     end_step = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
     cdrft = cfg.regularizer == "cdrft"
     probe_bs = cfg.probe_batch_size
+    # C on the probe after step t is C before step t+1 (rollouts do not move theta), so
+    # each step's closing measurement is carried over instead of being recomputed.
+    carried: ProbeMeasure | None = None
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),
@@ -197,7 +202,9 @@ def train(
                     bar, description=f"train {cfg.regularizer} step {step + 1}: {phase}"
                 )
 
-            row = _one_step(inputs, gm, params, optimizer, scheduler, step, cdrft, probe_bs, status)
+            row, carried = _one_step(
+                inputs, gm, params, optimizer, scheduler, step, cdrft, probe_bs, carried, status
+            )
             log_rows.append(row)
             write_parquet(pd.DataFrame(log_rows), out_dir / LOG_NAME, inputs.metadata)
             done = step + 1
@@ -225,8 +232,11 @@ def _one_step(
     step: int,
     cdrft: bool,
     probe_bs: int | None,
+    before: ProbeMeasure | None = None,
     status: Callable[[str], None] = lambda phase: None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], ProbeMeasure]:
+    """One optimizer step; ``before`` is the probe measurement at the current theta when
+    the previous step already made it. Returns the log row and the closing measurement."""
     cfg, model, probe = inputs.cfg, inputs.model, inputs.probe
     out_dir = Path(cfg.out_dir)
     began = time.perf_counter()
@@ -257,9 +267,10 @@ def _one_step(
     rewards = torch.tensor(scores, dtype=torch.float32)
     rollout_s = time.perf_counter() - began
 
-    status("probe")
     t = time.perf_counter()
-    before = measure(gm, probe, probe_bs)
+    if before is None:
+        status("probe")
+        before = measure(gm, probe, probe_bs)
     measure_s = time.perf_counter() - t
 
     status("backbone")
@@ -308,7 +319,7 @@ def _one_step(
         proj = ProjectionResult(0, after_update, after_update, 0.0)
     if not finite_params(params):
         raise _diverged(step + 1, "a parameter after the update", out_dir)
-    return {
+    row = {
         "step": step + 1,
         **_reward_row(answered, rewards, inputs.families),
         "loss": stats.loss,
@@ -330,6 +341,7 @@ def _one_step(
         "projection_s": proj.seconds,
         "step_s": time.perf_counter() - began,
     }
+    return row, proj.after
 
 
 def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path:

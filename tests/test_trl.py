@@ -119,3 +119,60 @@ def test_trl_overrides_are_checked(inputs) -> None:
         grpo_config(inputs, no_such_option=1)
     with pytest.raises(CdscopeError, match="activation checkpointing"):
         grpo_config(inputs, gradient_checkpointing=True)
+
+
+def test_resume_keeps_the_log_of_checkpointed_steps(tmp_path: Path) -> None:
+    """A run interrupted after step 1 (checkpoint-1 kept, step 2 logged but not saved)
+    resumes at step 2: the log holds steps 1 and 2 once each, and a fresh start is refused."""
+    import shutil
+
+    from cdscope.errors import CdscopeError
+
+    files = {
+        "tasks": write_tasks_file(tmp_path / "tasks.jsonl"),
+        "pool": write_pool(tmp_path / "pool.jsonl", {"math": 4, "code": 4, "logic": 4}),
+    }
+    cfg = config(files, tmp_path / "run", steps=2, save_every=1, micro_batch_size=2)
+
+    def fresh():
+        return prepare(cfg, None, tiny_model("llama", "sdpa"), byte_tokenizer(), parity_reward)
+
+    first = train_with_trl(fresh())
+    assert list(first.log["step"]) == [1, 2] and first.resumed_from is None
+    trl_dir = Path(cfg.out_dir) / "trl"
+    shutil.rmtree(trl_dir / "checkpoint-2")  # as if the run died before saving step 2
+    with pytest.raises(CdscopeError, match="already holds a TRL run"):
+        train_with_trl(fresh())
+    second = train_with_trl(fresh(), resume=True)
+    assert second.resumed_from == 1 and second.steps_done == 2
+    log = pd.read_parquet(Path(cfg.out_dir) / "log.parquet")
+    assert list(log["step"]) == [1, 2]
+    assert log["b_shared_before"].iloc[0] == first.log["b_shared_before"].iloc[0]
+
+
+@pytest.mark.parametrize(
+    ("completions", "micro", "world", "expected"),
+    [
+        (32, 4, 1, (4, 8)),
+        (32, 4, 8, (4, 1)),
+        (32, 8, 2, (8, 2)),
+        (6, 4, 1, (3, 2)),
+        (12, 4, 4, (3, 1)),
+    ],
+)
+def test_one_optimizer_step_is_prompts_times_group_over_all_processes(
+    completions: int, micro: int, world: int, expected: tuple[int, int]
+) -> None:
+    from cdscope.integrations.trl import per_rank_batches
+
+    per_device, accumulation = per_rank_batches(completions, micro, world)
+    assert (per_device, accumulation) == expected
+    assert per_device * accumulation * world == completions
+
+
+def test_completions_that_do_not_split_over_processes_are_refused() -> None:
+    from cdscope.errors import CdscopeError
+    from cdscope.integrations.trl import per_rank_batches
+
+    with pytest.raises(CdscopeError, match="cannot be split over 3 processes"):
+        per_rank_batches(32, 4, 3)

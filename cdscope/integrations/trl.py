@@ -27,6 +27,7 @@ the Trainer's own ``checkpoint-N`` folders under ``OUT/trl``.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from rich.console import Console
 
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
-from cdscope.io import write_parquet
+from cdscope.io import read_parquet, write_parquet
 from cdscope.tasks.format import Task
 from cdscope.train.cdrft import (
     ProjectionResult,
@@ -74,11 +75,25 @@ def require_trl() -> None:
 class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
     """Adds the CD-RFT step (SPEC §5 steps 2 and 4) to any Trainer's optimizer steps."""
 
-    def __init__(self, inputs: TrainInputs, gm: GatedModel, rewards: RewardRecorder) -> None:
+    def __init__(
+        self, inputs: TrainInputs, gm: GatedModel, rewards: RewardRecorder, resume: bool = False
+    ) -> None:
         self.inputs, self.gm, self.rewards = inputs, gm, rewards
         self.params = [p for p in inputs.model.parameters() if p.requires_grad]
-        self.rows: list[dict[str, Any]] = []
+        log_path = Path(inputs.cfg.out_dir) / LOG_NAME
+        # on --resume the log keeps the rows of the steps the checkpoint already holds
+        self.rows: list[dict[str, Any]] = (
+            read_parquet(log_path)[0].to_dict("records") if resume and log_path.is_file() else []
+        )
         self.pending: dict[str, Any] = {}
+        self.resumed_from: int | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # the Trainer has loaded the checkpoint's state by now: drop rows of later steps
+        # (logged before an interruption, then lost with their unsaved checkpoint)
+        if self.rows or state.global_step:
+            self.resumed_from = state.global_step
+            self.rows = [r for r in self.rows if r["step"] <= state.global_step]
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.began = time.perf_counter()
@@ -135,9 +150,12 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         row.update({k: v for k, v in self.pending.items() if k != "step"})
         self.rows.append(row)
         self.pending = {}
-        write_parquet(
-            pd.DataFrame(self.rows), Path(self.inputs.cfg.out_dir) / LOG_NAME, self.inputs.metadata
-        )
+        if state.is_world_process_zero:  # every rank holds the same rows; one writes them
+            write_parquet(
+                pd.DataFrame(self.rows),
+                Path(self.inputs.cfg.out_dir) / LOG_NAME,
+                self.inputs.metadata,
+            )
 
 
 class RewardRecorder:
@@ -167,18 +185,35 @@ class RewardRecorder:
         return scores
 
 
+def per_rank_batches(completions: int, micro_batch_size: int, world_size: int) -> tuple[int, int]:
+    """(per-device micro-batch, accumulation steps) so one optimizer step is ``completions``.
+
+    TRL's generation batch per optimizer step is per_device x world_size x accumulation
+    steps, so each of ``world_size`` processes takes completions / world_size of them.
+    """
+    if completions % world_size:
+        raise CdscopeError(
+            f"prompts x group size = {completions} completions per step cannot be split over "
+            f"{world_size} processes; choose --prompts-per-step so that it divides"
+        )
+    per_rank = completions // world_size
+    micro = max(d for d in range(1, min(micro_batch_size, per_rank) + 1) if per_rank % d == 0)
+    return micro, per_rank // micro
+
+
 def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
-    """The GRPOConfig equivalent of ``inputs.cfg`` (one optimizer step = P x G completions)."""
+    """The GRPOConfig equivalent of ``inputs.cfg`` (one optimizer step = P x G completions,
+    over all processes of an ``accelerate launch``, whose count is ``WORLD_SIZE``)."""
     require_trl()
     cfg = inputs.cfg
-    n = cfg.num_completions
-    micro = max(d for d in range(1, min(cfg.micro_batch_size, n) + 1) if n % d == 0)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    micro, accumulation = per_rank_batches(cfg.num_completions, cfg.micro_batch_size, world_size)
     device = str(next(inputs.model.parameters()).device)
     values: dict[str, Any] = dict(
         output_dir=str(Path(cfg.out_dir) / "trl"),
         max_steps=cfg.steps,
         per_device_train_batch_size=micro,
-        gradient_accumulation_steps=n // micro,
+        gradient_accumulation_steps=accumulation,
         num_generations=cfg.group_size,
         max_completion_length=cfg.max_new_tokens,
         temperature=cfg.temperature,
@@ -224,12 +259,18 @@ def train_with_trl(
     from datasets import Dataset
 
     console = console or Console(stderr=True)
+    trl_dir = Path(inputs.cfg.out_dir) / "trl"
+    if not resume and any(trl_dir.glob("checkpoint-*")):
+        raise CdscopeError(
+            f"{trl_dir} already holds a TRL run; pass --resume to continue it "
+            "or choose another --out-dir"
+        )
     dataset = Dataset.from_list(
         [{"prompt": t.prompt, "task_index": i} for i, t in enumerate(inputs.tasks)]
     )
     rewards = RewardRecorder(inputs)
     with GatedModel(inputs.model) as gm:
-        callback = CDRFTCallback(inputs, gm, rewards)
+        callback = CDRFTCallback(inputs, gm, rewards, resume)
         trainer = GRPOTrainer(
             model=inputs.model,
             reward_funcs=[rewards],
@@ -243,6 +284,9 @@ def train_with_trl(
             f"[dim]TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}[/dim]"
         )
         trainer.train(resume_from_checkpoint=True if resume else None)
-    final = save_final_model(inputs.model, inputs.tokenizer, Path(inputs.cfg.out_dir) / "final")
+    final = None
+    if trainer.is_world_process_zero():
+        final = save_final_model(inputs.model, inputs.tokenizer, Path(inputs.cfg.out_dir) / "final")
     log = pd.DataFrame(callback.rows)
-    return TrainResult(Path(inputs.cfg.out_dir), log, len(log), None, final)
+    steps_done = int(trainer.state.global_step)
+    return TrainResult(Path(inputs.cfg.out_dir), log, steps_done, callback.resumed_from, final)

@@ -91,9 +91,15 @@ def items_from_tasks(tasks: Iterable) -> list[AuditItem]:
 
 
 def items_from_pool(pool: object) -> list[AuditItem]:
-    """AuditItems of a probe pool (``cdscope.probes.ProbePool``; probes carry no tests)."""
+    """AuditItems of a probe pool (``cdscope.probes.ProbePool``); code probes keep the
+    ``tests`` program they were verified with (an extra key), so their asserts are compared."""
     return [
-        AuditItem(item.id, benchmark_of(item.id, item.family), item.prompt)
+        AuditItem(
+            item.id,
+            benchmark_of(item.id, item.family),
+            item.prompt,
+            assert_set(item.extra.get("tests")),
+        )
         for group in pool.by_family.values()  # type: ignore[attr-defined]
         for item in group
     ]

@@ -123,3 +123,26 @@ def test_scales_without_comparing_all_pairs() -> None:
     out = audit(evals, {"train": refs})
     assert time.perf_counter() - start < 20  # all pairs would be 10^7 set comparisons
     assert out.loc[0, "jaccard>=0.5"] == 0
+
+
+def test_code_probes_are_audited_by_their_test_asserts(tmp_path) -> None:
+    """A probe's ``tests`` (an extra key of the pool line) feed the assert comparison."""
+    import json
+
+    from cdscope.contamination import items_from_pool
+    from cdscope.probes import load_pool
+
+    tests = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"
+    line = {
+        "id": "code/p/0",
+        "family": "code",
+        "prompt": "def double(x):\n",
+        "target": "  return 2 * x\n",
+    }
+    path = tmp_path / "code.jsonl"
+    path.write_text(json.dumps(line | {"tests": tests}) + "\n")
+    (probe,) = items_from_pool(load_pool([path]))
+    assert probe.asserts == assert_set(tests) and len(probe.asserts) == 2
+    renamed = tests.replace("candidate(2) == 4", "candidate( 2 )==4")  # same set, other text
+    evals = [AuditItem("code/e/0", "code/e", "def twice(y):\n", assert_set(renamed))]
+    assert audit(evals, {"probes": [probe]}).iloc[0]["same_asserts"] == 1

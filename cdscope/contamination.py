@@ -174,10 +174,14 @@ def audit(
     return pd.DataFrame(rows)
 
 
-def shipped_references(train_paths: Sequence[str | Path] | None = None) -> dict:
-    """Reference sets for the default audit: the shipped (or given) train tasks and probes."""
+def reference_sets(
+    train_paths: Sequence[str | Path] | None = None,
+    probe_paths: Sequence[str | Path] | None = None,
+) -> dict:
+    """The audit's reference sets: train tasks and probe pools, the shipped ones by default."""
     from cdscope.probes import load_pool
     from cdscope.tasks import default_task_paths, load_tasks
 
     train = load_tasks(list(train_paths) if train_paths else default_task_paths("train"))
-    return {"train": items_from_tasks(train), "probes": items_from_pool(load_pool())}
+    pool = load_pool(list(probe_paths) if probe_paths else None)
+    return {"train": items_from_tasks(train), "probes": items_from_pool(pool)}

@@ -24,10 +24,13 @@ the eps^2 term (error O(eps^4)) for two more gated forwards.
 Details as SPEC §5: the nominal l_m in the normaliser stays differentiable unless
 ``detach_normaliser``; families with ||W_m|| < 1e-12 are skipped; |l_m| < eps0 uses
 1 / (l_m + eps0 sign(l_m)). C̄ comes from the gate gradient of the nominal forward,
-whose graph is kept for the normaliser; every perturbation then goes through one
-batched forward with per-row gates (2B or 4B rows), and one parameter backward covers
-both: the proxy costs 3B (Richardson: 5B) rows of forward, a gate-only backward over
-B rows and a parameter backward over all rows, in chunks of ``batch_size`` rows.
+whose graph is kept for the normaliser; the perturbed rows carry per-row gates (family
+m's rows 1 ± eps Ŵ_m, all families in the same forward) and go through forward +
+parameter backward in chunks of ``batch_size`` rows (default B: one perturbation setting
+per chunk; 2B or 4B puts every setting in one forward, same result, more memory). The
+proxy costs 3B (Richardson: 5B) rows of forward, a gate-only backward over B rows and a
+parameter backward over all rows. The gates a perturbed forward applies are checked in
+the model's dtype (``check_realised_perturbation``).
 """
 
 from __future__ import annotations

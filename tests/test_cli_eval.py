@@ -197,3 +197,23 @@ def test_hard_subset_and_audit_without_a_model(tiny_model_dir, tmp_path) -> None
     frame = pd.read_parquet(tmp_path / "a" / "contamination.parquet")
     assert set(frame["against"]) == {"train", "probes"} and (frame["exact"] == 0).all()
     assert not (tmp_path / "a" / "samples.parquet").exists()
+
+
+def test_audit_against_the_users_own_train_and_probe_files(tmp_path) -> None:
+    """--audit-train / --audit-probe replace the shipped references: a planted copy of an
+    eval prompt is found in the user's training file, and the probes are theirs."""
+    from conftest import write_pool
+
+    evals = write_tasks_file(tmp_path / "eval.jsonl")
+    leaked = load_tasks([evals])[0]
+    train = tmp_path / "train.jsonl"
+    record = {"id": "mine/0", "family": leaked.family, "prompt": leaked.prompt,
+              "verifier": leaked.verifier, "answer": leaked.answer}  # fmt: skip
+    train.write_text(json.dumps(record) + "\n")
+    pool = write_pool(tmp_path / "pool.jsonl", {"math": 2})
+    result = invoke("eval", "--audit", "--tasks", evals, "--audit-train", train,
+                    "--audit-probe", pool, "--out", tmp_path / "a")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    frame, meta = read_parquet(tmp_path / "a" / "contamination.parquet")
+    assert frame.loc[frame["against"] == "train", "exact"].sum() == 1
+    assert meta["train_files"] == [str(train)] and meta["probe_files"] == [str(pool)]

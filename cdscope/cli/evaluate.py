@@ -202,6 +202,18 @@ def eval_command(
     audit: Annotated[
         bool, typer.Option("--audit", help="Audit the eval sets against train + probe sets.")
     ] = False,
+    audit_train: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--audit-train", help="Training task JSONL(s) to audit against (default: shipped)."
+        ),
+    ] = None,
+    audit_probe: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--audit-probe", help="Probe pool JSONL(s) to audit against (default: shipped)."
+        ),
+    ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.1, help="Seconds per code test.")
     ] = 5.0,
@@ -248,15 +260,19 @@ def eval_command(
     hard_ids = read_hard_ids(hard, loaded_tasks) if hard else None
     if audit:
         from cdscope.contamination import audit as run_audit
-        from cdscope.contamination import items_from_tasks, shipped_references
+        from cdscope.contamination import items_from_tasks, reference_sets
         from cdscope.io import run_metadata, write_parquet
 
-        frame = run_audit(items_from_tasks(loaded_tasks), shipped_references())
-        out_console.print(audit_table(frame))
         target = check_writable(out / "contamination.parquet")
-        write_parquet(
-            frame, target, run_metadata("eval --audit", task_files=[str(p) for p in task_paths])
+        frame = run_audit(items_from_tasks(loaded_tasks), reference_sets(audit_train, audit_probe))
+        out_console.print(audit_table(frame))
+        metadata = run_metadata(
+            "eval --audit",
+            task_files=[str(p) for p in task_paths],
+            train_files=[str(p) for p in audit_train or []] or "shipped",
+            probe_files=[str(p) for p in audit_probe or []] or "shipped",
         )
+        write_parquet(frame, target, metadata)
         err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)
     if not run_models:
         return

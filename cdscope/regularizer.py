@@ -247,8 +247,9 @@ def proxy_grad(
         grad L = sum_{m, o, b in m} (a_m N_m c_o / n_m) grad log pi_b(o)  +  sum_m a_m D_m grad N_m,
 
     so the perturbed rows are pushed through forward + backward ``batch_size`` rows at a
-    time (bounded memory, each row computed once) and the normaliser term is one last
-    backward through the nominal forward, once every D_m is known.
+    time (bounded memory, each row computed once; rows of similar length share a chunk)
+    and the normaliser term is one last backward through the nominal forwards, once
+    every D_m is known.
     """
     if eps <= 0:
         raise ValueError(f"eps must be positive, got {eps}")
@@ -269,13 +270,24 @@ def proxy_grad(
     sizes = batch.family_sizes().to(device=device, dtype=dtype)
     row_family = batch.row_family.to(device)
 
-    # 1. Nominal rows (g = 1): l_m and C̄ from the gate gradient of the same forward.
-    nominal_gates = torch.ones(B, K, device=device, dtype=dtype, requires_grad=True)
-    with gm.gating(nominal_gates):
-        logp_nominal = row_target_logprobs(model, batch, torch.arange(B)).to(dtype)
+    # 1. Nominal rows (g = 1) in length-sorted chunks: l_m and C̄ from the gate gradient
+    #    of the same forwards, whose graphs are kept for the normaliser term.
+    chunks = _chunks(B, batch_size, batch.lengths)
+    nominal_gates = [
+        torch.ones(len(r), K, device=device, dtype=dtype, requires_grad=True) for r in chunks
+    ]
+    pieces = []
+    for rows, chunk_gates in zip(chunks, nominal_gates, strict=True):
+        with gm.gating(chunk_gates):
+            pieces.append(row_target_logprobs(model, batch, rows).to(dtype))
+    order = torch.cat(chunks).to(device)
+    logp_nominal = torch.zeros(B, dtype=dtype, device=device).index_add(0, order, torch.cat(pieces))
     ell = _family_sum(logp_nominal, batch) / sizes
-    (row_grad,) = torch.autograd.grad(
+    gate_grads = torch.autograd.grad(
         (logp_nominal / sizes[row_family]).sum(), nominal_gates, retain_graph=not detach_normaliser
+    )
+    row_grad = torch.zeros(B, K, dtype=dtype, device=device).index_add(
+        0, order, torch.cat(gate_grads)
     )
     kept = ell.detach().abs() >= EPS0
     C_bar = (_family_sum(row_grad, batch) / ell.detach()[:, None])[kept]  # noqa: N806
@@ -294,7 +306,7 @@ def proxy_grad(
     weight_of = torch.tensor(stencil, dtype=dtype, device=device)[virtual // B]
     rows_of = virtual % B
     logp_all = torch.zeros(len(virtual), dtype=dtype, device=device)
-    for chunk in torch.split(virtual, batch_size or B):
+    for chunk in _chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets))):
         rows = rows_of[chunk]
         gates = 1.0 + offset_of[chunk, None] * direction[row_family[rows.to(device)]]
         with gm.gating(gates):

@@ -45,6 +45,7 @@ from cdscope.train.cdrft import (
     add_regularizer_grad,
     finite_params,
     measure,
+    probe_rows_per_forward,
     project,
 )
 from cdscope.train.loop import (
@@ -80,6 +81,7 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         self.inputs, self.gm, self.rewards = inputs, gm, rewards
         self.params = [p for p in inputs.model.parameters() if p.requires_grad]
+        self.probe_bs = probe_rows_per_forward(inputs.cfg.probe_batch_size, inputs.model)
         log_path = Path(inputs.cfg.out_dir) / LOG_NAME
         # on --resume the log keeps the rows of the steps the checkpoint already holds
         self.rows: list[dict[str, Any]] = (
@@ -101,14 +103,14 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         cfg, probe = self.inputs.cfg, self.inputs.probe
         t = time.perf_counter()
-        before = measure(self.gm, probe, cfg.probe_batch_size)
+        before = measure(self.gm, probe, self.probe_bs)
         self.pending = {"b_shared_before": before.b_shared, "r_before": before.R}
         self.pending["measure_s"] = time.perf_counter() - t
         t = time.perf_counter()
         reg_R = float("nan")  # noqa: N806
         if cfg.regularizer == "cdrft" and cfg.lam > 0:
             reg_R = add_regularizer_grad(  # noqa: N806
-                self.gm, probe, self.params, cfg.lam, cfg.estimator, cfg.eps, cfg.probe_batch_size
+                self.gm, probe, self.params, cfg.lam, cfg.estimator, cfg.eps, self.probe_bs
             ).R
         self.pending.update(r_regularizer=reg_R, regularizer_s=time.perf_counter() - t)
         if not finite_params(self.params):
@@ -120,12 +122,12 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         cfg, probe = self.inputs.cfg, self.inputs.probe
         t = time.perf_counter()
-        after = measure(self.gm, probe, cfg.probe_batch_size)
+        after = measure(self.gm, probe, self.probe_bs)
         self.pending["measure_s"] += time.perf_counter() - t
         if cfg.regularizer == "cdrft":
             proj = project(
                 self.gm, probe, self.params, cfg.tau, cfg.k_max, cfg.eta_proj, cfg.estimator,
-                cfg.eps, cfg.probe_batch_size, start=after,
+                cfg.eps, self.probe_bs, start=after,
             )  # fmt: skip
         else:
             proj = ProjectionResult(0, after, after, 0.0)

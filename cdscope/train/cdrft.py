@@ -71,6 +71,14 @@ def build_probe(
     return batch.to(torch.device(device))
 
 
+def probe_rows_per_forward(requested: int | None, model: nn.Module) -> int | None:
+    """Probe rows per forward: as requested, else one on CPU (no padding: a third of the
+    embedded model's padded probe is padding) and the whole probe on an accelerator."""
+    if requested is not None:
+        return requested
+    return 1 if next(model.parameters()).device.type == "cpu" else None
+
+
 def measure(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ProbeMeasure:
     """B_shared(C) and R(C) at the current parameters (SPEC §2-3)."""
     result = control_autograd(gm, batch, batch_size)

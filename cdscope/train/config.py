@@ -60,7 +60,7 @@ class TrainConfig:
     tasks: tuple[str, ...] = ()
     micro_batch_size: int = 8  # completions per backbone forward/backward
     rollout_batch_size: int | None = None  # prompts per generate call (None: all)
-    probe_batch_size: int | None = None  # probe rows per forward (None: whole probe)
+    probe_batch_size: int | None = None  # probe rows per forward (None: 1 on CPU, all on GPU)
     verify_timeout: float = 5.0
     verify_workers: int = 2
     device: str = "auto"

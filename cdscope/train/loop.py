@@ -48,6 +48,7 @@ from cdscope.train.cdrft import (
     add_regularizer_grad,
     finite_params,
     measure,
+    probe_rows_per_forward,
     project,
 )
 from cdscope.train.checkpoint import latest_checkpoint_path, load_checkpoint, save_checkpoint
@@ -180,7 +181,7 @@ def train(
         )
     end_step = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
     cdrft = cfg.regularizer == "cdrft"
-    probe_bs = cfg.probe_batch_size
+    probe_bs = probe_rows_per_forward(cfg.probe_batch_size, model)
     # C on the probe after step t is C before step t+1 (rollouts do not move theta), so
     # each step's closing measurement is carried over instead of being recomputed.
     carried: ProbeMeasure | None = None

@@ -286,3 +286,13 @@ def test_code_tasks_without_a_sandbox_are_refused_before_training(
     with pytest.raises(CdscopeError, match="cannot score code tasks: no sandbox here"):
         run_train(cfg, model=tiny_model("llama", "sdpa"), tokenizer=byte_tokenizer())
     assert not (tmp_path / "run" / "log.parquet").exists()
+
+
+def test_resume_refuses_settings_that_change_the_arithmetic(files, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run(config(files, out, steps=2, save_every=1), stop_after=1)
+    for change in ({"micro_batch_size": 2}, {"lr": 2e-3}, {"probe_batch_size": 3}):
+        with pytest.raises(CdscopeError, match=f"settings differ .*{next(iter(change))}"):
+            run(config(files, out, steps=2, save_every=1, **change), resume=True)
+    resumed, _ = run(config(files, out, steps=2, save_every=5), resume=True)  # cadence may change
+    assert resumed.resumed_from == 1 and resumed.steps_done == 2

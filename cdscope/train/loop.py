@@ -61,7 +61,8 @@ RESUME_FIXED = (
     "model", "steps", "prompts_per_step", "group_size", "max_new_tokens", "temperature",
     "top_p", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "clip_eps", "beta",
     "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
-    "template", "seed", "tasks", "probe_files",
+    "template", "seed", "tasks", "probe_files", "micro_batch_size", "rollout_batch_size",
+    "probe_batch_size", "verify_timeout", "dtype", "attn", "backend",
 )  # fmt: skip
 
 

@@ -23,14 +23,16 @@ the eps^2 term (error O(eps^4)) for two more gated forwards.
 
 Details as SPEC §5: the nominal l_m in the normaliser stays differentiable unless
 ``detach_normaliser``; families with ||W_m|| < 1e-12 are skipped; |l_m| < eps0 uses
-1 / (l_m + eps0 sign(l_m)). C̄ comes from the gate gradient of the nominal forward,
-whose graph is kept for the normaliser; the perturbed rows carry per-row gates (family
-m's rows 1 ± eps Ŵ_m, all families in the same forward) and go through forward +
-parameter backward in chunks of ``batch_size`` rows (default B: one perturbation setting
-per chunk; 2B or 4B puts every setting in one forward, same result, more memory). The
-proxy costs 3B (Richardson: 5B) rows of forward, a gate-only backward over B rows and a
-parameter backward over all rows. The gates a perturbed forward applies are checked in
-the model's dtype (``check_realised_perturbation``).
+1 / (l_m + eps0 sign(l_m)). C̄ and l_m come from ``control_autograd`` (frozen
+parameters, one gate backward) or from the caller's measurement at the same theta; the
+perturbed rows carry per-row gates (family m's rows 1 ± eps Ŵ_m, all families in the
+same forward) and go through forward + parameter backward in chunks of ``batch_size``
+rows (default B: one perturbation setting per chunk; 2B or 4B puts every setting in one
+forward, same result, more memory); the normaliser term is one more nominal forward +
+parameter backward. The proxy costs 2B (Richardson: 4B) perturbed rows and B nominal
+rows of forward + parameter backward, plus the measurement pass when not handed over;
+no graph outlives its chunk. The gates a perturbed forward applies are checked in the
+model's dtype (``check_realised_perturbation``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import torch
 from torch import nn
 
 from cdscope.batch import ProbeBatch
-from cdscope.control import EPS0, _chunks, control_autograd
+from cdscope.control import EPS0, ControlResult, _chunks, control_autograd
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.likelihood import row_target_logprobs
@@ -115,6 +117,7 @@ def exact_grad(
     batch: ProbeBatch,
     params: Sequence[nn.Parameter] | None = None,
     batch_size: int | None = None,
+    nominal: ControlResult | None = None,
 ) -> GradResult:
     """Ground truth by second-order autodiff, ``batch_size`` rows at a time.
 
@@ -135,7 +138,7 @@ def exact_grad(
     chosen = trainable(model, params)
     device = next(model.parameters()).device
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
-    nominal = control_autograd(gm, batch, batch_size)
+    nominal = nominal or control_autograd(gm, batch, batch_size)
     kept = torch.from_numpy(nominal.kept)
     C = torch.from_numpy(nominal.C_kept())  # noqa: N806 - [M_kept, K] float64
     W = torch.zeros(batch.M, gm.gate_set.K, dtype=torch.float64)  # noqa: N806
@@ -237,6 +240,7 @@ def proxy_grad(
     detach_normaliser: bool = False,
     richardson: bool = False,
     batch_size: int | None = None,
+    nominal: ControlResult | None = None,
 ) -> GradResult:
     """First-order proxy of grad_theta R(C(theta)) (SPEC §5): no second-order autodiff.
 
@@ -247,9 +251,11 @@ def proxy_grad(
         grad L = sum_{m, o, b in m} (a_m N_m c_o / n_m) grad log pi_b(o)  +  sum_m a_m D_m grad N_m,
 
     so the perturbed rows are pushed through forward + backward ``batch_size`` rows at a
-    time (bounded memory, each row computed once; rows of similar length share a chunk)
-    and the normaliser term is one last backward through the nominal forwards, once
-    every D_m is known.
+    time (bounded memory; rows of similar length share a chunk), and the normaliser term,
+    linear in the nominal rows' log pi once every D_m is known, is one more nominal
+    forward + backward per chunk. C̄ and l_m come from ``control_autograd`` (frozen
+    parameters) or from ``nominal``, the caller's measurement at the same theta. No graph
+    outlives its chunk: peak memory is one chunk's forward + backward.
     """
     if eps <= 0:
         raise ValueError(f"eps must be positive, got {eps}")
@@ -270,37 +276,31 @@ def proxy_grad(
     sizes = batch.family_sizes().to(device=device, dtype=dtype)
     row_family = batch.row_family.to(device)
 
-    # 1. Nominal rows (g = 1) in length-sorted chunks: l_m and C̄ from the gate gradient
-    #    of the same forwards, whose graphs are kept for the normaliser term.
-    chunks = _chunks(B, batch_size, batch.lengths)
-    nominal_gates = [
-        torch.ones(len(r), K, device=device, dtype=dtype, requires_grad=True) for r in chunks
-    ]
-    pieces = []
-    for rows, chunk_gates in zip(chunks, nominal_gates, strict=True):
-        with gm.gating(chunk_gates):
-            pieces.append(row_target_logprobs(model, batch, rows).to(dtype))
-    order = torch.cat(chunks).to(device)
-    logp_nominal = torch.zeros(B, dtype=dtype, device=device).index_add(0, order, torch.cat(pieces))
-    ell = _family_sum(logp_nominal, batch) / sizes
-    gate_grads = torch.autograd.grad(
-        (logp_nominal / sizes[row_family]).sum(), nominal_gates, retain_graph=not detach_normaliser
-    )
-    row_grad = torch.zeros(B, K, dtype=dtype, device=device).index_add(
-        0, order, torch.cat(gate_grads)
-    )
-    kept = ell.detach().abs() >= EPS0
-    C_bar = (_family_sum(row_grad, batch) / ell.detach()[:, None])[kept]  # noqa: N806
+    # 1. C̄ and l_m at g = 1 (frozen parameters, one gate backward), unless the caller
+    #    already measured them at this theta.
+    nominal = nominal or control_autograd(gm, batch, batch_size)
+    ell = torch.from_numpy(nominal.ell).to(device=device, dtype=dtype)
+    kept = torch.from_numpy(nominal.kept).to(device)
+    C_bar = torch.from_numpy(nominal.C_kept()).to(device=device, dtype=dtype)  # noqa: N806
     W = torch.zeros(batch.M, K, device=device, dtype=dtype)  # noqa: N806
     W[kept] = r_sensitivity_torch(C_bar)
     w_norm = W.norm(dim=1)
     active = kept & (w_norm >= W_FLOOR)
     direction = torch.where(active[:, None], W / w_norm.clamp_min(W_FLOOR)[:, None], 0.0)
-    amplitude = torch.where(active, w_norm * _safe_inverse(ell.detach()), 0.0)  # a_m N_m
+    inverse = torch.where(active, _safe_inverse(ell), 0.0)  # N_m = 1 / l_m, safeguarded
+    amplitude = w_norm * inverse  # a_m N_m
     check_realised_perturbation(offsets, direction, model_dtype)
 
     # 2. Perturbed rows: family m's rows carry gates 1 + o Ŵ_m; backward chunk by chunk.
     grads = [torch.zeros_like(p) for p in chosen]
+
+    def backpropagate(rows: torch.Tensor, gates: torch.Tensor | None, coefficient: torch.Tensor):
+        with gm.gating(gates):
+            logp = row_target_logprobs(model, batch, rows).to(dtype)
+        for acc, g in zip(grads, _grads((coefficient * logp).sum(), chosen), strict=True):
+            acc.add_(g)
+        return logp.detach()
+
     virtual = torch.arange(len(offsets) * B)  # offset index = v // B, batch row = v % B
     offset_of = torch.tensor(offsets, dtype=dtype, device=device)[virtual // B]
     weight_of = torch.tensor(stencil, dtype=dtype, device=device)[virtual // B]
@@ -308,23 +308,22 @@ def proxy_grad(
     logp_all = torch.zeros(len(virtual), dtype=dtype, device=device)
     for chunk in _chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets))):
         rows = rows_of[chunk]
-        gates = 1.0 + offset_of[chunk, None] * direction[row_family[rows.to(device)]]
-        with gm.gating(gates):
-            logp = row_target_logprobs(model, batch, rows).to(dtype)
-        logp_all[chunk] = logp.detach()
         family = row_family[rows.to(device)]
+        gates = 1.0 + offset_of[chunk, None] * direction[family]
         coefficient = amplitude[family] * weight_of[chunk] / sizes[family]
-        for acc, g in zip(grads, _grads((coefficient * logp).sum(), chosen), strict=True):
-            acc.add_(g)
+        logp_all[chunk] = backpropagate(rows, gates, coefficient)
 
-    # 3. The normaliser term, once every D_m is known: sum_m a_m D_m grad(1 / l_m).
+    # 3. The normaliser term, once every D_m is known: sum_m a_m D_m grad N_m with
+    #    grad N_m = -N_m^2 grad l_m and l_m the mean of its rows' log pi, so it is one more
+    #    nominal forward + backward per chunk with per-row coefficients (no graph kept).
     per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
     derivative = _family_sum(per_row, batch) / sizes  # D_m
     if not detach_normaliser:
-        term = (torch.where(active, w_norm * derivative, 0.0) * _safe_inverse(ell)).sum()
-        for acc, g in zip(grads, _grads(term, chosen), strict=True):
-            acc.add_(g)
-    families = [f for f, k in zip(batch.families, kept.tolist(), strict=True) if k]
+        per_family = -w_norm * derivative * inverse**2  # d(a_m D_m N_m)/d l_m
+        for rows in _chunks(B, batch_size, batch.lengths):
+            family = row_family[rows.to(device)]
+            backpropagate(rows, None, per_family[family] / sizes[family])
+    families = [f for f, k in zip(batch.families, nominal.kept.tolist(), strict=True) if k]
     R = float(moment_ratio_torch(C_bar.double()))  # noqa: N806
     return GradResult(
         grads,
@@ -345,14 +344,20 @@ def regularizer_grad(
     params: Sequence[nn.Parameter] | None = None,
     detach_normaliser: bool = False,
     batch_size: int | None = None,
+    nominal: ControlResult | None = None,
 ) -> GradResult:
-    """Dispatch by estimator name: exact | proxy | richardson."""
+    """Dispatch by estimator name: exact | proxy | richardson.
+
+    ``nominal``: ``control_autograd`` of ``batch`` at the current theta, when the caller
+    has it (it is the first pass of every estimator).
+    """
     if estimator == "exact":
-        return exact_grad(gm, batch, params, batch_size)
+        return exact_grad(gm, batch, params, batch_size, nominal)
     if estimator in ("proxy", "richardson"):
         return proxy_grad(
-            gm, batch, eps, params, detach_normaliser, estimator == "richardson", batch_size
-        )
+            gm, batch, eps, params, detach_normaliser, estimator == "richardson", batch_size,
+            nominal,
+        )  # fmt: skip
     raise CdscopeError(
         f"gradient estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}"
     )

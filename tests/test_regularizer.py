@@ -235,3 +235,16 @@ def test_gradcheck_command_on_a_tiny_model(tiny_model_dir, tmp_path) -> None:
     assert frame["is_default"].tolist() == [False, False, True]
     assert (frame["cosine"] > 0.999).all()
     assert (frame["rel_error"] < 1e-3).all()  # fp32 norms inside Llama set the floor, not eps
+
+
+@pytest.mark.parametrize("estimator", ["exact", "proxy", "richardson"])
+def test_a_measurement_handed_over_replaces_the_first_pass(probe_batch, estimator) -> None:
+    from cdscope.control import control_autograd
+    from cdscope.regularizer import regularizer_grad
+
+    model = tiny_model("llama", "eager", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        own = regularizer_grad(gm, probe_batch, estimator, 0.01)
+        measured = control_autograd(gm, probe_batch)
+        handed = regularizer_grad(gm, probe_batch, estimator, 0.01, nominal=measured)
+    assert torch.equal(own.flat(), handed.flat()) and own.R == handed.R

@@ -110,7 +110,14 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         reg_R = float("nan")  # noqa: N806
         if cfg.regularizer == "cdrft" and cfg.lam > 0:
             reg_R = add_regularizer_grad(  # noqa: N806
-                self.gm, probe, self.params, cfg.lam, cfg.estimator, cfg.eps, self.probe_bs
+                self.gm,
+                probe,
+                self.params,
+                cfg.lam,
+                cfg.estimator,
+                cfg.eps,
+                self.probe_bs,
+                at=before,
             ).R
         self.pending.update(r_regularizer=reg_R, regularizer_s=time.perf_counter() - t)
         if not finite_params(self.params):

@@ -12,6 +12,9 @@ On a fixed probe (drawn once from the run's seed, identical for both arms):
   iterations, recompute C̄, W and the regulariser gradient and take a plain step
   theta <- theta - eta_proj * grad R (no optimizer state involved), then re-measure.
 
+Every measurement is the regulariser's first pass at the same theta (C̄ and l_m), so
+it is handed over rather than computed twice.
+
 Nothing here re-derives C, W or the proxy: it composes the library's estimators.
 """
 
@@ -19,13 +22,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from cdscope.batch import ProbeBatch, encode_probe
-from cdscope.control import control_autograd
+from cdscope.control import ControlResult, control_autograd
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.probes import ProbePool, draw_probe
@@ -35,11 +38,13 @@ from cdscope.spectral import b_shared, moment_ratio
 
 @dataclass(frozen=True)
 class ProbeMeasure:
-    """B_shared and R (fractions) of C on the probe, with the families kept."""
+    """B_shared and R (fractions) of C on the probe, with the families kept and the
+    measurement itself (the regulariser's first pass at the same theta)."""
 
     b_shared: float
     R: float  # noqa: N815 - SPEC symbol
     families: tuple[str, ...]
+    control: ControlResult = field(repr=False, compare=False)
 
 
 @dataclass
@@ -88,7 +93,7 @@ def measure(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) ->
             "every probe family has |l_m| < 1e-4: C cannot be normalised on this probe"
         )
     kept = [f for f, k in zip(result.families, result.kept, strict=True) if k]
-    return ProbeMeasure(float(b_shared(C)), float(moment_ratio(C)), tuple(kept))
+    return ProbeMeasure(float(b_shared(C)), float(moment_ratio(C)), tuple(kept), result)
 
 
 def add_regularizer_grad(
@@ -99,9 +104,16 @@ def add_regularizer_grad(
     estimator: str,
     eps: float,
     batch_size: int | None = None,
+    at: ProbeMeasure | None = None,
 ) -> GradResult:
-    """p.grad += lambda * dR/dp for every ``p`` in ``params`` (SPEC §5 step 2)."""
-    result = regularizer_grad(gm, batch, estimator, eps, params, batch_size=batch_size)
+    """p.grad += lambda * dR/dp for every ``p`` in ``params`` (SPEC §5 step 2).
+
+    ``at``: the probe measurement at the current theta, when the caller has one (it
+    replaces the estimator's own first pass)."""
+    result = regularizer_grad(
+        gm, batch, estimator, eps, params, batch_size=batch_size,
+        nominal=at.control if at is not None else None,
+    )  # fmt: skip
     with torch.no_grad():
         for p, g in zip(params, result.grads, strict=True):
             scaled = g.to(p.dtype) * lam
@@ -133,7 +145,9 @@ def project(
     before = current
     iterations = 0
     while current.b_shared * 100.0 > tau and iterations < k_max:
-        result = regularizer_grad(gm, batch, estimator, eps, params, batch_size=batch_size)
+        result = regularizer_grad(
+            gm, batch, estimator, eps, params, batch_size=batch_size, nominal=current.control
+        )
         with torch.no_grad():
             for p, g in zip(params, result.grads, strict=True):
                 p.sub_(g.to(p.dtype), alpha=eta_proj)

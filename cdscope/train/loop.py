@@ -300,7 +300,9 @@ def _one_step(
     if cdrft and cfg.lam > 0:
         status("regulariser")
         t = time.perf_counter()
-        reg = add_regularizer_grad(gm, probe, params, cfg.lam, cfg.estimator, cfg.eps, probe_bs)
+        reg = add_regularizer_grad(
+            gm, probe, params, cfg.lam, cfg.estimator, cfg.eps, probe_bs, at=before
+        )
         regularizer_s, reg_R = time.perf_counter() - t, reg.R  # noqa: N806
     if not finite_params(params):
         raise _diverged(step + 1, "the gradient", out_dir)

@@ -8,6 +8,9 @@ model and the seed-0 probe (3 families x n = 3 = 9 sequences), fp32, eager atten
               create_graph pass per row chunk)
 - proxy:      fixed-step first-order proxy (eps = 0.05, the SPEC reference)
 - richardson: the default estimator (Richardson over eps and eps/2)
+- proxy-handed, richardson-handed: the same with the measurement pass (C̄, l_m from
+              ``control_autograd``) handed over, as in training, where the loop has
+              already measured the probe at that theta (timed: the rest only)
 
     .venv/bin/python benchmarks/bench_regularizer.py [--reps 3] [--batch-size 1]
 
@@ -26,14 +29,14 @@ import subprocess
 import sys
 import time
 
-MODES = ("plain", "exact", "proxy", "richardson")
+MODES = ("plain", "exact", "proxy", "richardson", "proxy-handed", "richardson-handed")
 
 
 def run_mode(mode: str, reps: int, batch_size: int) -> dict:
     import torch
 
     from cdscope.batch import encode_probe
-    from cdscope.control import _chunks
+    from cdscope.control import _chunks, control_autograd
     from cdscope.gates import GatedModel
     from cdscope.likelihood import row_target_logprobs
     from cdscope.models import load_model
@@ -51,12 +54,19 @@ def run_mode(mode: str, reps: int, batch_size: int) -> dict:
             torch.autograd.grad(logp.sum(), params)
 
     with GatedModel(model) as gm:
+        nominal = control_autograd(gm, batch, batch_size) if mode.endswith("-handed") else None
         step = {
             "plain": plain,
             "exact": lambda: exact_grad(gm, batch, batch_size=batch_size),
             "proxy": lambda: proxy_grad(gm, batch, eps=0.05, batch_size=batch_size),
             "richardson": lambda: proxy_grad(
                 gm, batch, eps=DEFAULT_EPS, richardson=True, batch_size=batch_size
+            ),
+            "proxy-handed": lambda: proxy_grad(
+                gm, batch, eps=0.05, batch_size=batch_size, nominal=nominal
+            ),
+            "richardson-handed": lambda: proxy_grad(
+                gm, batch, eps=DEFAULT_EPS, richardson=True, batch_size=batch_size, nominal=nominal
             ),
         }[mode]
         step()
@@ -91,10 +101,10 @@ def main() -> None:
         ).stdout
         results[mode] = json.loads(output.strip().splitlines()[-1])
     plain = results["plain"]["seconds"]
-    print(f"{'mode':<11} {'median s':>9} {'x plain':>8} {'peak RSS GB':>12}")
+    print(f"{'mode':<18} {'median s':>9} {'x plain':>8} {'peak RSS GB':>12}")
     for mode in MODES:
         r = results[mode]
-        print(f"{mode:<11} {r['seconds']:>9.2f} {r['seconds'] / plain:>8.2f} {r['peak_gb']:>12.2f}")
+        print(f"{mode:<18} {r['seconds']:>9.2f} {r['seconds'] / plain:>8.2f} {r['peak_gb']:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -294,7 +294,10 @@ def proxy_grad(
     # 2. Perturbed rows: family m's rows carry gates 1 + o Ŵ_m; backward chunk by chunk.
     grads = [torch.zeros_like(p) for p in chosen]
 
-    def backpropagate(rows: torch.Tensor, gates: torch.Tensor | None, coefficient: torch.Tensor):
+    def backpropagate(
+        rows: torch.Tensor, gates: torch.Tensor | None, coefficient: torch.Tensor
+    ) -> torch.Tensor:
+        """grads += grad of sum_b coefficient_b log pi_b (``gates`` None: g = 1); log pi."""
         with gm.gating(gates):
             logp = row_target_logprobs(model, batch, rows).to(dtype)
         for acc, g in zip(grads, _grads((coefficient * logp).sum(), chosen), strict=True):

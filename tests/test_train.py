@@ -296,3 +296,32 @@ def test_resume_refuses_settings_that_change_the_arithmetic(files, tmp_path: Pat
             run(config(files, out, steps=2, save_every=1, **change), resume=True)
     resumed, _ = run(config(files, out, steps=2, save_every=5), resume=True)  # cadence may change
     assert resumed.resumed_from == 1 and resumed.steps_done == 2
+
+
+def test_optimizer_and_rng_states_round_trip_without_pickle(tmp_path: Path) -> None:
+    """save_state / load_state: nested dicts (int keys), tuples, uint32 arrays, tensors."""
+    import random
+
+    model = tiny_model("llama", "sdpa")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    model(torch.randint(0, 256, (2, 5))).logits.sum().backward()
+    optimizer.step()
+    state = {"optimizer": optimizer.state_dict(), "rng": ckpt.rng_state(), "inf": float("inf")}
+    ckpt.save_state(state, tmp_path / "s.safetensors")
+    back = ckpt.load_state(tmp_path / "s.safetensors")
+    assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    for index, slots in state["optimizer"]["state"].items():
+        for name, tensor in slots.items():
+            assert torch.equal(back["optimizer"]["state"][index][name], tensor), (index, name)
+    numpy_state = back["rng"]["numpy"]
+    assert numpy_state[1].dtype == np.uint32
+    assert all(
+        np.array_equal(a, b) for a, b in zip(numpy_state, state["rng"]["numpy"], strict=True)
+    )
+    assert back["rng"]["python"] == state["rng"]["python"] and back["inf"] == float("inf")
+    ckpt.set_rng_state(back["rng"])
+    first = (random.random(), np.random.rand(), float(torch.rand(1)))
+    ckpt.set_rng_state(back["rng"])
+    assert first == (random.random(), np.random.rand(), float(torch.rand(1)))
+    with pytest.raises(TypeError, match="cannot store a object"):
+        ckpt.save_state({"x": object()}, tmp_path / "bad.safetensors")

@@ -3,8 +3,8 @@
 Layout under ``OUT/checkpoints/``::
 
     step-000004/model.safetensors   parameters (shared / tied tensors stored once)
-    step-000004/optimizer.pt        AdamW state + LR-scheduler state
-    step-000004/rng.pt              python, numpy and torch (CPU + CUDA) RNG states
+    step-000004/optimizer.safetensors  AdamW state + LR-scheduler state
+    step-000004/rng.safetensors     python, numpy and torch (CPU + CUDA) RNG states
     step-000004/state.json          step, config, the per-step log rows so far
     latest                          the name of the newest complete checkpoint
 
@@ -12,6 +12,11 @@ A checkpoint is written into a hidden temporary folder next to its final place a
 renamed into place only once every file is written; ``latest`` is then replaced
 atomically. So an error mid-write (disk full, Ctrl-C) removes the temporary folder and
 leaves ``latest`` on the previous complete checkpoint — tested by making the write fail.
+
+Nothing is pickled: optimizer and RNG states are nested dicts / lists / tuples of
+tensors, numpy arrays and plain values, stored as safetensors (the tensors and arrays)
+with the structure as JSON in the file's metadata (``save_state`` / ``load_state``), so
+loading a checkpoint never executes code from it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors import safe_open
+from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
 from cdscope.errors import CdscopeError
@@ -47,6 +53,63 @@ class Checkpoint:
 
 def checkpoint_dir(out_dir: Path) -> Path:
     return Path(out_dir) / "checkpoints"
+
+
+def _flatten(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """JSON-able skeleton of ``value``; tensors and numpy arrays move into ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        key = str(len(tensors))
+        tensors[key] = value.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(value, np.ndarray):
+        key = str(len(tensors))
+        tensors[key] = torch.from_numpy(
+            value.astype(np.int64) if value.dtype == np.uint32 else value
+        )
+        return {"__ndarray__": key, "dtype": str(value.dtype)}
+    if isinstance(value, dict):
+        if not all(isinstance(k, str | int) for k in value):
+            raise TypeError(
+                f"cannot store dict keys of types {sorted({type(k).__name__ for k in value})}"
+            )
+        return {"__dict__": [[k, _flatten(v, tensors)] for k, v in value.items()]}
+    if isinstance(value, tuple | list):
+        items = [_flatten(v, tensors) for v in value]
+        return {"__tuple__": items} if isinstance(value, tuple) else items
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.integer | np.floating):
+        return value.item()
+    raise TypeError(f"cannot store a {type(value).__name__} in a checkpoint")
+
+
+def _unflatten(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(skeleton, list):
+        return [_unflatten(v, tensors) for v in skeleton]
+    if not isinstance(skeleton, dict):
+        return skeleton
+    if "__tensor__" in skeleton:
+        return tensors[skeleton["__tensor__"]]
+    if "__ndarray__" in skeleton:
+        return tensors[skeleton["__ndarray__"]].numpy().astype(skeleton["dtype"])
+    if "__tuple__" in skeleton:
+        return tuple(_unflatten(v, tensors) for v in skeleton["__tuple__"])
+    return {k: _unflatten(v, tensors) for k, v in skeleton["__dict__"]}
+
+
+def save_state(state: Any, path: Path) -> None:
+    """``state`` (nested containers of tensors, arrays, plain values) as one safetensors file."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _flatten(state, tensors)
+    save_file(tensors, str(path), metadata={"cdscope_state": json.dumps(skeleton)})
+
+
+def load_state(path: Path) -> Any:
+    """The inverse of ``save_state`` (tensors on CPU)."""
+    with safe_open(str(path), framework="pt") as handle:
+        skeleton = json.loads(handle.metadata()["cdscope_state"])
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    return _unflatten(skeleton, tensors)
 
 
 def rng_state() -> dict[str, Any]:
@@ -88,8 +151,8 @@ def save_checkpoint(
     try:
         save_model(model, str(tmp / "model.safetensors"))
         state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-        torch.save(state, tmp / "optimizer.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
+        save_state(state, tmp / "optimizer.safetensors")
+        save_state(rng_state(), tmp / "rng.safetensors")
         record = {"step": step, "config": config, "log": log_rows}
         (tmp / "state.json").write_text(json.dumps(record, default=str))
         if final.exists():
@@ -134,11 +197,10 @@ def load_checkpoint(
     try:
         record = json.loads((path / "state.json").read_text())
         load_model(model, str(path / "model.safetensors"), strict=True)
-        device = next(model.parameters()).device
-        state = torch.load(path / "optimizer.pt", map_location=device, weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
+        state = load_state(path / "optimizer.safetensors")  # moved to the params' device
+        optimizer.load_state_dict(state["optimizer"])  # by load_state_dict itself
         scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        set_rng_state(load_state(path / "rng.safetensors"))
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise CdscopeError(f"--resume: checkpoint {path} cannot be loaded: {exc}") from exc
     return Checkpoint(path, int(record["step"]), record["config"], list(record["log"]))

@@ -7,7 +7,8 @@ public hook, a ``TrainerCallback``:
 
 * ``on_pre_optimizer_step`` — called once per optimizer step, after every micro-batch's
   backward has accumulated (and after TRL's gradient clipping, which so acts on the
-  backbone gradient only, as in the hf loop): B_shared / R are measured on the probe and
+  backbone gradient only, as in the hf loop): B_shared / R on the probe (carried over
+  from the previous step's closing measurement, at the same theta) and
   lambda * grad R(C(theta)) is added to ``.grad`` — once per optimizer step, never once
   per micro-batch, so gradient accumulation does not rescale it;
 * ``on_optimizer_step`` — right after ``optimizer.step()``: the projection loop
@@ -41,6 +42,7 @@ from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, write_parquet
 from cdscope.tasks.format import Task
 from cdscope.train.cdrft import (
+    ProbeMeasure,
     ProjectionResult,
     add_regularizer_grad,
     finite_params,
@@ -89,6 +91,9 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         )
         self.pending: dict[str, Any] = {}
         self.resumed_from: int | None = None
+        # the closing measurement of a step is at the theta the next one opens with
+        # (rollouts and backward passes do not move it), as in the hf loop
+        self.carried: ProbeMeasure | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # the Trainer has loaded the checkpoint's state by now: drop rows of later steps
@@ -103,7 +108,7 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         cfg, probe = self.inputs.cfg, self.inputs.probe
         t = time.perf_counter()
-        before = measure(self.gm, probe, self.probe_bs)
+        before = self.carried or measure(self.gm, probe, self.probe_bs)
         self.pending = {"b_shared_before": before.b_shared, "r_before": before.R}
         self.pending["measure_s"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -138,6 +143,7 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
             )  # fmt: skip
         else:
             proj = ProjectionResult(0, after, after, 0.0)
+        self.carried = proj.after
         self.pending.update(
             step=state.global_step + 1,
             b_shared_after_update=after.b_shared,

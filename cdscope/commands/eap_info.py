@@ -33,7 +33,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cdscope.batch import encode_probe
+from cdscope.batch import encode_probe, prompt_ids
 from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
@@ -101,11 +101,6 @@ class Answers:
     counts: Counter
 
 
-def _prompt_ids(loaded: LoadedModel, item: ProbeItem) -> torch.Tensor:
-    batch = encode_probe([item], loaded.tokenizer)  # the plain template of the probe
-    return batch.input_ids[0, : int(batch.target_start[0])]
-
-
 @torch.no_grad()
 def _generate(loaded: LoadedModel, prompt: torch.Tensor, max_new_tokens: int) -> str:
     tok = loaded.tokenizer
@@ -140,7 +135,7 @@ def answer(
         if not verifiable(item):
             counts["unsupported"] += 1
             continue
-        prompt = _prompt_ids(loaded, item)
+        prompt = torch.tensor(prompt_ids(loaded.tokenizer, item.prompt))  # plain template
         if len(prompt) >= settings.max_tokens:
             counts["too_long"] += 1
             continue

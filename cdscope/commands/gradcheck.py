@@ -19,7 +19,7 @@ from cdscope.batch import encode_probe
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
 from cdscope.models import load_model
-from cdscope.probes import ProbePool, draw_probe
+from cdscope.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, exact_grad, fidelity, proxy_grad
 
 COLUMNS = [
@@ -66,6 +66,7 @@ def run_gradcheck(
         probe_files=list(pool.paths),
         families=pool.families,
         seeds=list(seeds),
+        drawn={str(s): drawn_ids(draw_probe(pool, s, n)) for s in seeds},
         settings={"n": n, "template": template, "batch_size": row_chunk},
         eps=list(eps_list),
         default={"estimator": DEFAULT_ESTIMATOR, "eps": DEFAULT_EPS},

@@ -23,7 +23,7 @@ from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, run_metadata, write_parquet
 from cdscope.models import LoadedModel, load_model
-from cdscope.probes import ProbePool, draw_probe
+from cdscope.probes import ProbePool, draw_probe, drawn_ids
 
 
 def measure(
@@ -130,6 +130,7 @@ def collect_control(
         fd_step=settings.fd_step if settings.estimator == "fd" else None,
         fd_order=settings.fd_order if settings.estimator == "fd" else None,
         models=[],
+        drawn={},  # seed -> family -> item ids, for every finished seed
     )
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
@@ -137,6 +138,8 @@ def collect_control(
         previous, metadata["models"] = _resume_state(out, metadata)
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
+        for seed in sorted({s for _, s in done}):
+            metadata["drawn"][str(seed)] = drawn_ids(draw_probe(pool, seed, settings.n))
         console.print(
             f"[dim]--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}[/dim]"
         )
@@ -170,6 +173,7 @@ def collect_control(
                             "(|l_m| < 1e-4 cannot be normalised)"
                         )
                     frames.append(result_frame(spec, seed, result))
+                    metadata["drawn"][str(seed)] = drawn_ids(draw_probe(pool, seed, settings.n))
                     write_parquet(pd.concat(frames, ignore_index=True), out, metadata)
                     if on_result is not None:
                         on_result(spec, seed, result)

@@ -28,6 +28,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.errors import CdscopeError
+from cdscope.messages import wrote
 
 
 def _run_audit_command(
@@ -113,7 +114,7 @@ def _report(
             audit_table(result.summary, result.paired, f"cdscope {command}: mean ± SE over seeds")
         )
     for name, path in outputs.items():
-        err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)
+        wrote(err_console, f"{name}: {path}")
 
 
 @app.command()
@@ -343,6 +344,4 @@ def random_ref(
         typer.echo(json.dumps(stats))
     else:
         out_console.print(random_ref_table(stats))
-    err_console.print(
-        f"[green]wrote[/green] {target}" + (f" and {plot}" if plot else ""), soft_wrap=True
-    )
+    wrote(err_console, f"{target}" + (f" and {plot}" if plot else ""))

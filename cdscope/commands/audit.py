@@ -26,6 +26,7 @@ from cdscope import spectral
 from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.messages import warn
 from cdscope.probes import load_pool
 from cdscope.stats import mean_se, paired_difference
 
@@ -115,9 +116,7 @@ def per_seed_frame(
         C = part.pivot(index="family", columns="gate", values="C").sort_index()  # noqa: N806
         F = part.pivot(index="family", columns="gate", values="F").reindex(C.index)  # noqa: N806
         if len(C) < 2:
-            console.print(
-                f"[yellow]warning:[/yellow] {model} seed {seed}: fewer than 2 families kept; no measures"
-            )
+            warn(console, f"{model} seed {seed}: fewer than 2 families kept; no measures")
             continue
         for name, value in measures(list(C.index), C.to_numpy(), F.to_numpy()).items():
             rows.append({"model": model, "seed": int(seed), "measure": name, "value": value})
@@ -233,9 +232,11 @@ def run_audit(
     summary = summarize(per_seed)
     paired = paired_against_reference(per_seed, models, skip)
     if skipped:
-        console.print(
-            "[yellow]note:[/yellow] paired deltas refused for K-dependent measures of models with "
-            f"different gate counts: {'; '.join(sorted(set(skipped)))}"
+        warn(
+            console,
+            "paired deltas refused for K-dependent measures of models with "
+            f"different gate counts: {'; '.join(sorted(set(skipped)))}",
+            "note:",
         )
     metadata = run_metadata(
         spec.command,

@@ -31,13 +31,14 @@ import numpy as np
 import pandas as pd
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from cdscope.batch import encode_probe, prompt_ids
 from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
+from cdscope.messages import make_console, progress_bar
 from cdscope.models import LoadedModel, load_model
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
@@ -286,18 +287,12 @@ def run_eap_info(
     """Answer, filter, score and summarise (module docstring); writes nothing."""
     from cdscope.commands.probe import model_record
 
-    console = console or Console(stderr=True)
+    console = console or make_console()
     specs = [model] if baseline is None else [model, baseline]
     if len(set(specs)) != len(specs):
         raise CdscopeError("--baseline is the same model as --model")
     items = draw_probe(pool, settings.seed, settings.n, [settings.family])
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    ]
-    with Progress(*columns, console=console, transient=True) as progress:
+    with progress_bar(console, transient=True) as progress:
         loaded = []
         for spec in specs:
             loaded.append(load_model(spec, options.device, options.dtype, options.attn, console))

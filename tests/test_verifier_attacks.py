@@ -104,6 +104,8 @@ WRONG: dict[str, str] = {
         "    sys.stdout.flush()\n"
         "    return None\n"
     ),
+    "oversized return value": "    return 'x' * (9 * 2**20)\n",
+    "deeply nested return value": "    x = []\n    for _ in range(200):\n        x = [x]\n    return x\n",
     "forged reply frames on every descriptor": (
         "    import os, struct, json\n"
         "    frame = json.dumps({'r': 3}).encode()\n"

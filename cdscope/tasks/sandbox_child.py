@@ -37,7 +37,7 @@ import types
 
 MAX_FRAME = 8 * 1024 * 1024
 MAX_DEPTH = 64
-MAX_HASHED = 10_000  # bounds hash-collision work in the parent's decoder
+MAX_HASHED = 4096  # bounds hash-collision work in the parent's decoder
 _HEADER = struct.Struct(">I")
 _SIMPLE = (bool, int, float, str)
 

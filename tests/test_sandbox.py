@@ -105,7 +105,17 @@ def test_minimal_root_hides_the_host_and_is_read_only() -> None:
     result = run(program, audit_hook=False)
     assert not result.completed and "Read-only file system" in result.error
     listing, visible = result.stdout.splitlines()[:2]
-    assert set(eval(listing)) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "dev", sb.MOUNT_WORKDIR[1:]}
+    assert set(eval(listing)) <= {
+        "usr",
+        "bin",
+        "sbin",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "dev",
+        sb.MOUNT_WORKDIR[1:],
+    }
     assert eval(visible) == [False, False, False, False]
     assert not Path("/cdscope-sandbox-test").exists()
 
@@ -130,9 +140,7 @@ def _escapes(target: Path) -> dict[str, str]:
             f"import os\nfd = os.open({str(target)!r}, os.O_RDONLY)\nos.mkdir('pwned', dir_fd=fd)\n"
         ),
         "symlink then ..": (
-            "import os\n"
-            "os.symlink('.', 'here')\n"
-            f"open('here/../{name}/pwned', 'w').write('x')\n"
+            f"import os\nos.symlink('.', 'here')\nopen('here/../{name}/pwned', 'w').write('x')\n"
         ),
         "symlink chain": (
             "import os\n"

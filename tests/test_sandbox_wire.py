@@ -10,9 +10,26 @@ import pytest
 from cdscope.tasks import sandbox_child as wire
 
 VALUES = [
-    None, True, False, 0, -(10**40), 1.5, -0.0, math.inf, -math.inf, "", "é\udc80",
-    [], [1, [2, [3]]], (), (1, (2, "a")), {"a": 1, 2: [3], (1, 2): {"b": None}},
-    set(), {1, "a", (2, 3)}, frozenset({frozenset({1})}), [True, 1, 1.0],
+    None,
+    True,
+    False,
+    0,
+    -(10**40),
+    1.5,
+    -0.0,
+    math.inf,
+    -math.inf,
+    "",
+    "é\udc80",
+    [],
+    [1, [2, [3]]],
+    (),
+    (1, (2, "a")),
+    {"a": 1, 2: [3], (1, 2): {"b": None}},
+    set(),
+    {1, "a", (2, 3)},
+    frozenset({frozenset({1})}),
+    [True, 1, 1.0],
 ]
 
 
@@ -28,7 +45,7 @@ def _same(a: object, b: object) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)  # type: ignore[union-attr]
     if isinstance(a, float) and math.isnan(a):
@@ -68,8 +85,14 @@ def _nested(depth: int) -> list:
 @pytest.mark.parametrize(
     "data",
     [
-        {"q": []}, {"t": 1}, {"t": [], "s": []}, {"d": [[1]]}, {"d": [[[1], 2]]}, {"s": [[1]]},
-        {"s": list(range(wire.MAX_HASHED + 1))}, _nested(wire.MAX_DEPTH + 1),
+        {"q": []},
+        {"t": 1},
+        {"t": [], "s": []},
+        {"d": [[1]]},
+        {"d": [[[1], 2]]},
+        {"s": [[1]]},
+        {"s": list(range(wire.MAX_HASHED + 1))},
+        _nested(wire.MAX_DEPTH + 1),
     ],
 )
 def test_malformed_or_oversized_data_is_refused(data: object) -> None:

@@ -187,7 +187,9 @@ def test_attacks_fail_on_shipped_eval_tasks() -> None:
     cases += [(find_zero, "    return 0.0\nimport math\nmath.fabs = lambda x: 0.0\n")]
     assert len(rebindable) == 3
     rewards = verifier_rewards([t for t, _ in cases], [c for _, c in cases], TIMEOUT)
-    assert rewards == [0.0] * len(cases), [(t.id, r) for (t, _), r in zip(cases, rewards)]
+    assert rewards == [0.0] * len(cases), [
+        (t.id, r) for (t, _), r in zip(cases, rewards, strict=True)
+    ]
 
 
 def test_reading_the_tests_to_answer_scores_zero() -> None:
@@ -253,14 +255,18 @@ def test_values_cross_as_exact_types() -> None:
 
 
 def test_tests_that_never_call_the_candidate_do_not_pass() -> None:
-    task = Task("code/t", "code", "def f():\n", "code", tests="def check(c):\n    pass\n", entry_point="f")
+    task = Task(
+        "code/t", "code", "def f():\n", "code", tests="def check(c):\n    pass\n", entry_point="f"
+    )
     assert verify(task, "    return 1\n") == type(verify(task, ""))(
         False, "the tests never called the candidate"
     )
 
 
 def test_broken_task_files_are_user_errors() -> None:
-    bad = Task("code/b", "code", "def f():\n", "code", tests="def check(c):\n  x = (\n", entry_point="f")
+    bad = Task(
+        "code/b", "code", "def f():\n", "code", tests="def check(c):\n  x = (\n", entry_point="f"
+    )
     with pytest.raises(CdscopeError, match="code/b.*tests cannot run"):
         verify(bad, "    return 1\n")
 

@@ -113,11 +113,12 @@ class RemoteCandidate:
                     return wire.decode(data)
                 except wire.WireError as exc:
                     raise self._broken(f"the candidate returned {exc}") from None
-            if key == "x" and type(data) is list and len(data) == 2:
-                if all(type(part) is str for part in data):
-                    raise _exception(data[0], data[1])
+            if key == "x" and type(data) is list and [type(p) for p in data] == [str, str]:
+                raise _exception(data[0], data[1])
             if key == "bad" and type(data) is str:
-                raise self._broken(f"the candidate returned {data[:MAX_MESSAGE]}; only plain data counts")
+                raise self._broken(
+                    f"the candidate returned {data[:MAX_MESSAGE]}; only plain data counts"
+                )
         raise self._broken("the candidate answered with a malformed frame")
 
 

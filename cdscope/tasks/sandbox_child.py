@@ -1,32 +1,28 @@
 """The trusted bootstrap of a sandboxed run, and the wire format both sides speak.
 
-Run as ``python -I -S -B -c <this source>`` inside the child (``cdscope.tasks.sandbox``):
-it reads its settings -- one frame on stdin -- sets the resource limits, moves into the
-work dir, installs the audit hook and executes the program as ``__main__``. Then:
+Run as ``python -I -S -B -c <this source>`` in the child (``cdscope.tasks.sandbox``): it
+reads its settings (one frame on stdin), sets the resource limits, enters the work dir,
+installs the audit hook and executes the program as ``__main__``. Without an
+``entry_point`` (``run_sandboxed``) it then sends ``{"done": true}``; with one (a code
+task's candidate) it sends ``{"ready": true}`` and answers each request ``{"a": args,
+"k": kwargs}`` with ``{"r": value}``, ``{"x": [exception type, message]}`` or ``{"bad":
+why}`` (not plain data) until stdin closes. Nothing here decides a verdict: the child
+holds no secret, and any frame it writes the program could have written itself; the
+parent (``cdscope.tasks.harness``) runs the tests and only takes plain data back.
+Frames go to a descriptor of their own; the program's stdout/stderr go to log files.
 
-* without an ``entry_point`` (``run_sandboxed``): it sends ``{"done": true}`` and exits;
-* with one (a code task's candidate): it sends ``{"ready": true}`` and serves calls --
-  each request frame ``{"a": args, "k": kwargs}`` is answered with ``{"r": value}``,
-  ``{"x": [exception type, message]}`` or ``{"bad": why}`` (a value that is not plain
-  data) -- until stdin closes.
-
-Nothing here decides a verdict: the child holds no secret and every frame it writes is
-something the program could have written itself; the parent (``cdscope.tasks.harness``)
-runs the tests and only takes plain data back. The program's own stdout/stderr go to
-log files, frames to a separate descriptor, so prints cannot break the framing.
-
-Wire format (also imported by the parent): a frame is a 4-byte big-endian length and
-that many bytes of ASCII JSON. Values are tagged so types survive: ``None``, ``bool``,
-``int``, ``float`` (nan/inf too), ``str`` and ``list`` as themselves; ``{"t": [...]}``
-tuple, ``{"s": [...]}`` set, ``{"f": [...]}`` frozenset, ``{"d": [[k, v], ...]}`` dict.
-Only those exact types encode (no subclasses: an always-equal ``int`` subclass is not
-data); decoding is bounded (``MAX_FRAME`` bytes, ``MAX_DEPTH`` nesting, ``MAX_HASHED``
-set elements and dict keys, Python's 4300-digit int limit) and never runs user code.
-Standard library only; never imports cdscope (the child may run another interpreter,
-as another user, in a root where cdscope is not visible).
+Wire format (imported by the parent too): a 4-byte big-endian length, then ASCII JSON.
+Values are tagged so types survive: ``None``, ``bool``, ``int``, ``float`` (nan/inf),
+``str``, ``list`` as themselves; ``{"t": [...]}`` tuple, ``{"s": [...]}`` set, ``{"f":
+[...]}`` frozenset, ``{"d": [[k, v], ...]}`` dict. Only those exact types encode (an
+always-equal ``int`` subclass is not data); decoding never runs user code and is bounded
+(``MAX_FRAME``, ``MAX_DEPTH``, ``MAX_HASHED``, Python's 4300-digit int limit). Standard
+library only, never imports cdscope (the child may run another interpreter, in a root
+where cdscope is not visible).
 """
 
 # Executed as a script: no ``from __future__`` and no cdscope imports here.
+import contextlib
 import json
 import os
 import resource
@@ -43,7 +39,7 @@ _SIMPLE = (bool, int, float, str)
 
 # PEP 578 audit events refused outright.
 BLOCKED_EVENTS = frozenset(
-    {
+    [
         "os.system",
         "os.fork",
         "os.forkpty",
@@ -57,7 +53,7 @@ BLOCKED_EVENTS = frozenset(
         "pty.spawn",
         "_thread.start_new_thread",
         "webbrowser.open",
-    }
+    ]  # noqa: SIM905
 )
 BLOCKED_PREFIXES = ("os.exec", "os.spawn", "os.posix_spawn", "subprocess.", "socket.", "ctypes.")
 BLOCKED_IMPORTS = frozenset(
@@ -67,21 +63,13 @@ BLOCKED_IMPORTS = frozenset(
 # positions of dir_fd arguments that must be None -- a descriptor of another directory
 # would make a relative path mean something the hook cannot see).
 PATH_EVENTS = {
-    "os.remove": ((0,), (1,)),
-    "os.rmdir": ((0,), (1,)),
-    "os.mkdir": ((0,), (2,)),
-    "os.rename": ((0, 1), (2, 3)),
-    "os.link": ((0, 1), (2, 3)),
+    **dict.fromkeys(("os.truncate", "os.setxattr", "os.removexattr"), ((0,), ())),
+    **dict.fromkeys(("os.remove", "os.rmdir", "shutil.rmtree"), ((0,), (1,))),
+    **dict.fromkeys(("os.mkdir", "os.chmod"), ((0,), (2,))),
+    **dict.fromkeys(("os.chown", "os.utime"), ((0,), (3,))),
+    **dict.fromkeys(("os.rename", "os.link"), ((0, 1), (2, 3))),
+    **dict.fromkeys(("shutil.copyfile", "shutil.move"), ((0, 1), ())),
     "os.symlink": ((1,), (2,)),
-    "os.chmod": ((0,), (2,)),
-    "os.chown": ((0,), (3,)),
-    "os.truncate": ((0,), ()),
-    "os.utime": ((0,), (3,)),
-    "os.setxattr": ((0,), ()),
-    "os.removexattr": ((0,), ()),
-    "shutil.rmtree": ((0,), (1,)),
-    "shutil.copyfile": ((0, 1), ()),
-    "shutil.move": ((0, 1), ()),
 }
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -222,8 +210,8 @@ def _make_hook(root):
     (a custom ``__fspath__`` could answer differently to the hook and to ``open``)."""
     import pathlib
 
-    getcwd, fsdecode, fspath, lstat, readlink = os.getcwd, os.fsdecode, os.fspath, os.lstat, os.readlink
-    is_link, is_dir = stat.S_ISLNK, stat.S_ISDIR
+    getcwd, fsdecode, fspath = os.getcwd, os.fsdecode, os.fspath
+    lstat, readlink, is_link, is_dir = os.lstat, os.readlink, stat.S_ISLNK, stat.S_ISDIR
     is_instance, text, perm, kind_of = isinstance, str, PermissionError, type
     pure = pathlib.PurePath
     path_types = (pathlib.PosixPath, pathlib.PurePosixPath)
@@ -238,9 +226,9 @@ def _make_hook(root):
 
     def resolve(path):
         kind = kind_of(path)
-        if kind not in (text, bytes):
-            if kind not in path_types or (pure.__fspath__, pure.__str__) != originals:
-                raise perm(f"sandbox: a path of type {kind.__name__} is not allowed")
+        untouched = kind in path_types and (pure.__fspath__, pure.__str__) == originals
+        if kind not in (text, bytes) and not untouched:
+            raise perm(f"sandbox: a path of type {kind.__name__} is not allowed")
         path = fsdecode(fspath(path))
         if not path.startswith("/"):
             path = getcwd() + "/" + path
@@ -335,10 +323,8 @@ def _safe_describe(exc, label="line"):
 
 def _flush():
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:  # the program may have replaced or closed them
+        with contextlib.suppress(BaseException):  # the program may have replaced them
             stream.flush()
-        except BaseException:
-            pass
 
 
 def _fail(fd, message, write=os.write, exit=os._exit):

@@ -83,7 +83,9 @@ __all__ = [
 ]
 
 _TOOLS = ("sh", "mount", "chroot", "setpriv", "mkdir", "ln", "touch")
-_HIDDEN = (Path(__file__).resolve().parents[2], default_task_dir().resolve(), Path.home())
+# What the mount layer must hide before it counts (those that exist here): the task dir
+# (the repository's tasks/ or $CDSCOPE_TASKS) and the home directory.
+_HIDDEN = [p for p in (default_task_dir().resolve(), Path.home()) if p.exists() and str(p) != "/"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def _try_layers(layers: Layers) -> bool:
     """Run a probe; for the mount layer it must also find the host's files hidden."""
     probe = "import socket\nprint(sum(range(5)))\n"
     if layers.mount:
-        hidden = [str(p) for p in _HIDDEN if str(p) != "/"]
+        hidden = [str(p) for p in _HIDDEN]
         probe += f"import os\nassert not any(os.path.exists(p) for p in {hidden!r})\n"
     try:
         result = _run(probe, layers, timeout=10.0, memory_mb=512, audit_hook=True)

@@ -196,8 +196,9 @@ class SandboxProcess:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise SandboxTimeout
-        ready = select.select([], [fd], [], left) if writing else select.select([fd], [], [], left)
-        if not any(ready):
+        poller = select.poll()  # not select(): descriptors above 1023 are common in training
+        poller.register(fd, select.POLLOUT if writing else select.POLLIN)
+        if not poller.poll(math.ceil(left * 1000)):
             raise SandboxTimeout
 
     def send(self, message: object) -> None:

@@ -281,3 +281,28 @@ def test_code_tasks_are_refused_where_no_layer_hides_files(monkeypatch) -> None:
         verify(ADD, "    return a + b\n")
     with pytest.raises(CdscopeError, match="cannot score code tasks: no sandbox here"):
         sb.require_sandbox_for([ADD], "drop the code tasks")
+
+
+def test_the_tests_random_is_private_and_seeded() -> None:
+    """Randomised tests draw from a private ``random`` seeded with 0: the same draws every
+    time, and the caller's global RNG state (saved in training checkpoints) is untouched."""
+    import random
+
+    task = Task(
+        "code/rng",
+        "code",
+        "def echo(x):\n",
+        "code",
+        tests=(
+            "from random import randint\n"
+            "def check(candidate):\n"
+            "    assert candidate(randint(0, 10**9)) == "
+            + str(random.Random(0).randint(0, 10**9))
+            + "\n"
+        ),
+        entry_point="echo",
+    )
+    state = random.getstate()
+    assert verify(task, "    return x\n", timeout=TIMEOUT).passed
+    assert verify(task, "    return x\n", timeout=TIMEOUT).passed
+    assert random.getstate() == state

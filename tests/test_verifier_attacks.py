@@ -306,3 +306,17 @@ def test_the_tests_random_is_private_and_seeded() -> None:
     assert verify(task, "    return x\n", timeout=TIMEOUT).passed
     assert verify(task, "    return x\n", timeout=TIMEOUT).passed
     assert random.getstate() == state
+
+
+def test_trl_reward_function_scores_the_reported_attacks_zero() -> None:
+    """The TRL backend's reward function (same verifiers) on the three reported routes."""
+    from types import SimpleNamespace
+
+    from cdscope.integrations.trl import RewardRecorder
+
+    cfg = SimpleNamespace(verify_timeout=TIMEOUT, verify_workers=2)
+    inputs = SimpleNamespace(tasks=[ADD], cfg=cfg, reward_fn=None, families=["code"])
+    completions = [FORGED_MARKER, REBIND_CHECK, ALWAYS_EQUAL, "    return a + b\n"]
+    reward = RewardRecorder(inputs)  # type: ignore[arg-type]
+    assert reward([""] * 4, completions, task_index=[0] * 4) == [0.0, 0.0, 0.0, 1.0]
+    assert reward.last["reward_code"] == 0.25

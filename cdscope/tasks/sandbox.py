@@ -13,13 +13,13 @@ Layers, outermost first (``sandbox_layers()`` says which are active on this mach
    process visible or signalable.
 4. **Mount namespace with a minimal root** (``Layers.mount``): a shell builds a fresh
    tmpfs root holding only read-only binds of ``/usr``, ``/bin``, ``/lib*`` (and the
-   interpreter's own prefix when it lives elsewhere), ``/dev/{null,zero,urandom}``, no
-   ``/proc``, a private work dir (``MOUNT_WORKDIR``, its own tmpfs); the root is remounted
-   read-only, ``chroot`` enters it and the interpreter starts with every capability
-   dropped (``setpriv``; without CAP_SYS_CHROOT and with no ``/proc`` the chroot
-   cannot be left). Task files, the repository, home directories and
-   the parent's ``/proc`` are simply not there. This is the layer that *isolates
-   files*: code tasks (``cdscope.tasks.harness``) run only where it works.
+   interpreter's own prefix when it lives elsewhere), ``/dev/null``, ``/dev/urandom``
+   and a private work dir (``MOUNT_WORKDIR``, its own tmpfs) -- no ``/proc``; the root
+   is remounted read-only, ``chroot`` enters it and the interpreter starts with every
+   capability dropped (``setpriv``; without CAP_SYS_CHROOT and with no ``/proc`` the
+   chroot cannot be left). Task files, the repository, home directories and the
+   parent's ``/proc`` are simply not there. This is the layer that *isolates files*:
+   code tasks (``cdscope.tasks.harness``) run only where it works.
 5. **Resource limits** set by the child's bootstrap before the program starts: CPU
    seconds, address space (``memory_mb``), file size, open files, no new processes,
    no core dumps.
@@ -82,7 +82,7 @@ __all__ = [
     "start_candidate",
 ]
 
-_TOOLS = ("sh", "mount", "chroot", "setpriv", "mkdir", "ln", "touch")
+_TOOLS = ("sh", "mount", "chroot", "setpriv", "mkdir", "ln")
 # What the mount layer must hide before it counts (those that exist here): the task dir
 # (the repository's tasks/ or $CDSCOPE_TASKS) and the home directory.
 _HIDDEN = [p for p in (default_task_dir().resolve(), Path.home()) if p.exists() and str(p) != "/"]

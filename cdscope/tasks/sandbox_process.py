@@ -54,7 +54,7 @@ def _mount_script(binds: Sequence[str]) -> str:
     return (
         f"set -e; PATH={_TOOL_PATH}; mount -t tmpfs -o size=16m,mode=755 cdscope-root /tmp; "
         f"cd /tmp; mkdir -p dev .{MOUNT_WORKDIR} {made}; {binds_cmd}{link_cmd}"
-        "touch dev/null dev/urandom; mount --bind /dev/null dev/null; "
+        ": > dev/null; : > dev/urandom; mount --bind /dev/null dev/null; "
         "mount --bind /dev/urandom dev/urandom; "
         f"mount -t tmpfs -o size=64m,mode=700 cdscope-work .{MOUNT_WORKDIR}; "
         "mount -o remount,bind,ro /tmp; "

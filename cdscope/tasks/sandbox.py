@@ -62,6 +62,7 @@ from cdscope.tasks.sandbox_process import (
     SandboxClosed,
     SandboxProcess,
     SandboxTimeout,
+    _binds,
     exit_reason,
 )
 
@@ -84,7 +85,8 @@ __all__ = [
 
 _TOOLS = ("sh", "mount", "chroot", "setpriv", "mkdir", "ln")
 # What the mount layer must hide before it counts (those that exist here): the task dir
-# (the repository's tasks/ or $CDSCOPE_TASKS) and the home directory.
+# (the repository's tasks/ or $CDSCOPE_TASKS) and the home directory -- unless the
+# interpreter itself lives there (pyenv, conda): then only its own prefix is bound.
 _HIDDEN = [p for p in (default_task_dir().resolve(), Path.home()) if p.exists() and str(p) != "/"]
 
 
@@ -138,7 +140,13 @@ def _try_layers(layers: Layers) -> bool:
     """Run a probe; for the mount layer it must also find the host's files hidden."""
     probe = "import socket\nprint(sum(range(5)))\n"
     if layers.mount:
+        binds = _binds(layers.interpreter)
         hidden = [str(p) for p in _HIDDEN]
+        hidden = [
+            h
+            for h in hidden
+            if h != str(Path.home()) or not any(b.startswith(h + "/") for b in binds)
+        ]
         probe += f"import os\nassert not any(os.path.exists(p) for p in {hidden!r})\n"
     try:
         result = _run(probe, layers, timeout=10.0, memory_mb=512, audit_hook=True)

@@ -14,7 +14,7 @@ from cdscope.cli import app
 from cdscope.commands import evaluate as ev
 from cdscope.io import read_parquet
 from cdscope.tasks import load_tasks, verify
-from cdscope.tasks.sandbox import sandbox_available
+from cdscope.tasks.sandbox import code_sandbox_available
 
 runner = CliRunner()
 
@@ -119,7 +119,7 @@ def _canned(texts: dict[str, list[str]]):
     return make
 
 
-@pytest.mark.skipif(not sandbox_available()[0], reason="no sandbox on this machine")
+@pytest.mark.skipif(not code_sandbox_available()[0], reason="no code sandbox on this machine")
 def test_scoring_and_passk_with_canned_completions(tiny_model_dir, tmp_path, monkeypatch) -> None:
     tasks = write_tasks_file(tmp_path / "t.jsonl", code=True)
     right = {t.id: f"The answer is {t.answer}." for t in load_tasks([tasks]) if t.answer}

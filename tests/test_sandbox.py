@@ -1,4 +1,5 @@
-"""The code sandbox: containment (each attack scores 0, the host is unaffected) and basics.
+"""The code sandbox: containment (the host is unaffected) and basics; verdict attacks are in
+tests/test_verifier_attacks.py.
 
 Attacks run twice where it is safe: with every layer, and with the in-process audit hook
 switched off, so the OS layers underneath (unprivileged user, network namespace,
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -87,20 +90,99 @@ def test_writing_outside_the_work_dir_is_refused(tmp_path, audit_hook: bool) -> 
 
 
 @pytest.mark.skipif(not (LAYERS and LAYERS.mount), reason="no mount namespace here")
-def test_host_is_read_only_even_where_world_writable() -> None:
-    """Without the audit hook, the mount namespace alone keeps the host unchanged."""
-    targets = [Path(d) / f"cdscope-sandbox-test-{os.getpid()}" for d in ("/dev/shm", "/var/tmp")]
-    targets = [t for t in targets if t.parent.is_dir()]
-    program = "".join(f"open({str(t)!r}, 'w').write('x')\n" for t in targets)
-    program += "open('/etc/cdscope-sandbox-test', 'w').write('x')\n"
+def test_minimal_root_hides_the_host_and_is_read_only() -> None:
+    """Without the audit hook, the mount layer alone: only the interpreter's system dirs
+    are there (no repository, task files, home, /proc, /etc), and nothing but the work
+    dir can be written."""
+    repo = str(Path(__file__).resolve().parents[1])
+    program = (
+        "import os\n"
+        "print(sorted(os.listdir('/')))\n"
+        f"print([os.path.exists(p) for p in ({repo!r}, {str(Path.home())!r}, '/proc/self', '/etc')])\n"
+        f"open({sb.MOUNT_WORKDIR + '/ok'!r}, 'w').write('x')\n"
+        "open('/cdscope-sandbox-test', 'w').write('x')\n"
+    )
+    result = run(program, audit_hook=False)
+    assert not result.completed and "Read-only file system" in result.error
+    listing, visible = result.stdout.splitlines()[:2]
+    assert set(eval(listing)) <= {
+        "usr",
+        "bin",
+        "sbin",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "dev",
+        sb.MOUNT_WORKDIR[1:],
+    }
+    assert eval(visible) == [False, False, False, False]
+    assert not Path("/cdscope-sandbox-test").exists()
+
+
+def _world_writable_dir() -> Path:
+    """A fresh 1777 directory in /tmp: writable by nobody, like /tmp itself."""
+    target = Path(tempfile.mkdtemp(prefix="cdscope-attack-", dir="/tmp"))
+    target.chmod(0o1777)
+    return target
+
+
+def _escapes(target: Path) -> dict[str, str]:
+    """Writes into ``target`` that a lexical path check lets through (issue #13, finding 3)."""
+    name = target.name
+    return {
+        "dir_fd open": (
+            "import os\n"
+            f"fd = os.open({str(target)!r}, os.O_RDONLY)\n"
+            "os.close(os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n"
+        ),
+        "dir_fd mkdir": (
+            f"import os\nfd = os.open({str(target)!r}, os.O_RDONLY)\nos.mkdir('pwned', dir_fd=fd)\n"
+        ),
+        "symlink then ..": (
+            f"import os\nos.symlink('.', 'here')\nopen('here/../{name}/pwned', 'w').write('x')\n"
+        ),
+        "symlink chain": (
+            "import os\n"
+            "os.mkdir('d')\n"
+            "os.symlink('d/..', 'up0')\n"
+            "os.symlink('up0', 'up1')\n"
+            f"open('up1/../{name}/pwned', 'w').write('x')\n"
+        ),
+        "rename through a symlink": (
+            "import os\n"
+            "open('f', 'w').write('x')\n"
+            "os.symlink('.', 'here')\n"
+            f"os.rename('f', 'here/../{name}/pwned')\n"
+        ),
+        "opener with dir_fd": (
+            "import os\n"
+            f"fd = os.open({str(target)!r}, os.O_RDONLY)\n"
+            "open('pwned', 'w', opener=lambda p, f: os.open(p, f, dir_fd=fd)).write('x')\n"
+        ),
+    }
+
+
+def test_fallback_write_check_holds_against_dir_fd_and_symlinks() -> None:
+    """Where no mount layer isolates the work dir (the fallbacks), the audit hook resolves
+    symlinks and refuses directory descriptors: every escape fails."""
+    target = _world_writable_dir()
     try:
-        result = run(program, audit_hook=False)
-        assert not result.completed and "Read-only file system" in result.error
-        assert not any(t.exists() for t in targets)
-        assert not Path("/etc/cdscope-sandbox-test").exists()
+        tried = 0
+        for drop_user, namespaces, mount in sb._candidates():
+            if mount:
+                continue
+            layers = sb.Layers(sb.sandbox_layers().interpreter, drop_user, namespaces, mount)  # type: ignore[union-attr]
+            if not sb._try_layers(layers):
+                continue
+            tried += 1
+            for attack, program in _escapes(target).items():
+                result = sb._run(program, layers, timeout=TIMEOUT, memory_mb=512, audit_hook=True)
+                assert not result.completed and "sandbox:" in result.error, (attack, result.error)
+                assert not (target / "pwned").exists(), (layers.describe(), attack)
+        assert tried
     finally:
-        for target in targets:
-            target.unlink(missing_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
 
 
 @pytest.mark.parametrize("audit_hook", HOOK_MODES)
@@ -152,9 +234,12 @@ def test_network_is_unreachable(audit_hook: bool) -> None:
 
 @pytest.mark.parametrize("audit_hook", HOOK_MODES)
 def test_killing_the_parent_fails_and_we_survive(audit_hook: bool) -> None:
-    program = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    """By our real pid: refused (hook), not permitted (nobody), or no such process (the
+    PID namespace hides us)."""
+    program = f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\n"
     result = run(program, audit_hook)
-    assert not result.completed and "PermissionError" in result.error
+    assert not result.completed
+    assert "PermissionError" in result.error or "ProcessLookupError" in result.error
     os.kill(os.getpid(), 0)  # still alive
 
 
@@ -166,21 +251,6 @@ def test_early_exit_with_status_zero_does_not_count_as_success() -> None:
     ):
         result = run(program)
         assert not result.completed
-
-
-def test_the_success_marker_is_out_of_reach() -> None:
-    """Walking every frame the program can reach never finds the parent's marker."""
-    program = (
-        "import sys\n"
-        "f = sys._getframe(0)\n"
-        "while f is not None:\n"
-        "    print(repr(dict(f.f_locals)))\n"
-        "    f = f.f_back\n"
-        "raise SystemExit(0)\n"
-    )
-    result = run(program)
-    assert not result.completed
-    assert "marker" not in result.stdout
 
 
 def test_output_is_capped() -> None:
@@ -229,39 +299,3 @@ def test_every_fallback_configuration_runs_and_contains(tmp_path) -> None:
             break
     assert working and working[0] == sb.sandbox_layers()  # the strongest one is chosen
     assert not target.exists()
-
-
-# -- the same attacks as completions of a code task, scored by the training reward ------
-ADD = Task(
-    "code/attack/0",
-    "code",
-    "def add(a, b):\n",
-    "code",
-    tests="def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
-    entry_point="add",
-)
-
-
-def _attacks(target: Path) -> dict[str, str]:
-    """Function bodies that return the right answer after (or while) attacking the host,
-    so a reward of 0 shows containment, not a wrong answer."""
-    return {
-        "infinite loop": "    while True:\n        pass\n    return a + b\n",
-        "fork bomb": "    import os\n    while True:\n        os.fork()\n    return a + b\n",
-        "huge allocation": "    x = bytearray(10**11)\n    return a + b\n",
-        "write outside": f"    open({str(target)!r}, 'w').write('x')\n    return a + b\n",
-        "os.system": f"    import os\n    os.system('touch {target}')\n    return a + b\n",
-    }
-
-
-def test_attacking_completions_score_zero_as_training_rewards(tmp_path) -> None:
-    from cdscope.train.loop import verifier_rewards
-
-    target = tmp_path / "pwned"
-    attacks = _attacks(target)
-    honest = "    return a + b\n"
-    start = time.perf_counter()
-    rewards = verifier_rewards([ADD] * (len(attacks) + 1), [*attacks.values(), honest], TIMEOUT)
-    assert rewards == [0.0] * len(attacks) + [1.0], dict(zip(attacks, rewards, strict=False))
-    assert not target.exists()
-    assert time.perf_counter() - start < 4 * TIMEOUT  # the loop is cut by the clock, once

@@ -4,8 +4,10 @@
 * ``verifiers`` -- ``verify`` / ``verify_many`` and the ``VERIFIERS`` registry
 * ``answers``   -- final-answer extraction and exact numeric comparison
 * ``logic``     -- structural checks per logic generator
-* ``code``      -- HumanEval programs from completions, run in the sandbox
-* ``sandbox``   -- the separate, rlimited, network-less process untrusted code runs in
+* ``code``      -- candidate programs (``prompt + code``) from completions
+* ``harness``   -- code verdicts: the tests run here, the candidate in the sandbox
+* ``sandbox``   -- the separate, rlimited, network-less process untrusted code runs in,
+  with a minimal root that hides the host's files; ``sandbox_child`` its bootstrap
 
 See docs/tasks.md.
 """

@@ -1,7 +1,7 @@
-"""HumanEval-style code verification: completion -> program -> sandboxed run (SPEC §7).
+"""HumanEval-style code verification: completion -> program -> verdict (SPEC §7).
 
-The program is ``prompt + code + "\\n\\n" + tests + "\\n\\ncheck(entry_point)\\n"``, the
-HumanEval harness, where ``code`` comes from the completion:
+The candidate program is ``prompt + code`` -- the tests are never part of it -- where
+``code`` comes from the completion:
 
 1. a fenced block (```python ... ```), if any, replaces the completion (the first one);
 2. if that text defines ``def <entry_point>(`` at the start of a line, the whole
@@ -11,9 +11,12 @@ HumanEval harness, where ``code`` comes from the completion:
    "\\nclass ", "\\nif __name__", "\\nprint(", "\\nassert ") -- text a base model writes
    after finishing the function -- and appended to the prompt.
 
-The run happens only in ``cdscope.tasks.sandbox`` (never in this process); it passes
-when the program returns normally (the sandbox's marker protocol), i.e. ``check``
-raised nothing.
+The program runs only in the sandbox child (never in this process); HumanEval's
+``check(candidate)`` runs here, in ``cdscope.tasks.harness``, against a stand-in that
+forwards each call to the child and takes plain data back. The verdict is passed when
+``check`` returns: nothing the program does -- exiting early, printing, redefining
+``check`` with a trailing decorator, returning an always-equal object, patching
+builtins -- can make it so.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import re
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks.format import Task
-from cdscope.tasks.sandbox import run_sandboxed
+from cdscope.tasks.harness import run_check
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ")
 _FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -48,20 +51,14 @@ def extract_code(completion: str, entry_point: str) -> tuple[str, bool]:
 
 
 def build_program(task: Task, completion: str) -> str:
-    """The HumanEval test program for ``completion`` of ``task``."""
+    """The candidate program (``prompt + code``; no tests) for ``completion`` of ``task``."""
     if not task.tests or not task.entry_point:
         raise CdscopeError(f"task {task.id!r}: a code task needs 'tests' and 'entry_point'")
     code, full = extract_code(completion, task.entry_point)
-    body = task.prompt + ("\n" + code if full else code)
-    return f"{body}\n\n{task.tests}\n\ncheck({task.entry_point})\n"
+    return task.prompt + ("\n" + code if full else code) + "\n"
 
 
 def run_code_task(task: Task, completion: str, *, timeout: float = 5.0) -> tuple[bool, str]:
-    """``(passed, message)`` of the task's tests on ``completion``, run in the sandbox."""
-    result = run_sandboxed(build_program(task, completion), timeout=timeout)
-    if result.completed:
-        return True, "ok"
-    if result.timed_out:
-        return False, f"timeout after {timeout:.1f}s"
-    message = result.error
-    return False, message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+    """``(passed, message)`` of the task's tests on ``completion`` (candidate sandboxed)."""
+    passed, message = run_check(task, build_program(task, completion), timeout=timeout)
+    return passed, message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."

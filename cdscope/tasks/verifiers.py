@@ -9,8 +9,9 @@
   not a number falls back to a normalised string match.
 * ``logic`` and ``logic:<generator>`` -- the same extraction, then the generator's
   structural check (``cdscope.tasks.logic``).
-* ``code`` -- HumanEval's ``check(entry_point)`` run against ``prompt + completion`` in
-  the sandbox (``cdscope.tasks.code``); never in this process.
+* ``code`` -- HumanEval's ``check(candidate)`` run in this process against a stand-in
+  for ``prompt + completion``, which runs only in the sandbox (``cdscope.tasks.code``,
+  ``cdscope.tasks.harness``): the verdict cannot be forged by the code it judges.
 
 ``verify_many`` runs code verdicts in a bounded thread pool (each one waits on its own
 sandboxed process) and everything else inline. A verdict is ``passed`` plus a short
@@ -81,7 +82,7 @@ def _logic_verifier(kind: str) -> Callable[..., Verdict]:
 
 
 def verify_code(task: Task, completion: str, *, timeout: float = 5.0) -> Verdict:
-    """HumanEval ``check(entry_point)`` on ``prompt + completion``, in the sandbox."""
+    """HumanEval ``check(candidate)`` here; ``prompt + completion`` only in the sandbox."""
     from cdscope.tasks.code import run_code_task  # keeps math/logic free of the sandbox
 
     passed, message = run_code_task(task, completion, timeout=timeout)

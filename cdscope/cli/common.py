@@ -6,7 +6,9 @@ line on stderr saying what was wrong and how to fix it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -37,9 +39,16 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: object, **kwargs: object) -> object:
+        from cdscope.distributed import WorkerDone, is_main_process
+
         _quiet_libraries()
+        main = is_main_process()  # under torchrun / accelerate launch only rank 0 talks
+        out_console.quiet = err_console.quiet = not main
         try:
-            return func(*args, **kwargs)
+            with contextlib.nullcontext() if main else contextlib.redirect_stdout(io.StringIO()):
+                return func(*args, **kwargs)
+        except WorkerDone:  # a rank > 0 whose share is gathered: rank 0 writes and reports
+            raise typer.Exit(0) from None
         except CdscopeError as exc:
             err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdscope.batch import encode_probe
+from cdscope.distributed import single_process_only
 from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
@@ -291,6 +292,7 @@ def run_eap_info(
     """Answer, filter, score and summarise (module docstring); writes nothing."""
     from cdscope.commands.probe import model_record
 
+    single_process_only("eap-info")
     console = console or Console(stderr=True)
     specs = [model] if baseline is None else [model, baseline]
     if len(set(specs)) != len(specs):

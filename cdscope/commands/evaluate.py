@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdscope.contamination import benchmark_of
+from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.frames import ModelOptions
 from cdscope.io import run_metadata, write_parquet
@@ -211,6 +212,7 @@ def evaluate(
     from cdscope.commands.probe import _resume_state  # same settings check as probe
     from cdscope.models import load_model
 
+    single_process_only("eval")
     console = console or Console(stderr=True)
     if len(set(model_specs)) != len(model_specs):
         raise CdscopeError("the same --model is given twice")

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdscope.batch import encode_probe
+from cdscope.distributed import single_process_only
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
 from cdscope.models import load_model
@@ -51,6 +52,7 @@ def run_gradcheck(
     richardson_sweep: bool = False,
     batch_size: int | None = None,
 ) -> pd.DataFrame:
+    single_process_only("gradcheck")
     console = console or Console(stderr=True)
     loaded = load_model(model_spec, device, dtype, attn, console=console)
     # rows per forward: one on CPU (no padding, least memory for the double backward)

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cdscope.batch import encode_probe
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
+from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
@@ -55,6 +56,14 @@ def measure(
                 "(try --dtype float32, or check the model's weights)"
             )
     return result
+
+
+def dropped_warning(spec: str, seed: int, dropped: Sequence[str]) -> str:
+    return (
+        f"[yellow]warning:[/yellow] {spec} seed {seed}: dropped famil"
+        f"{'y' if len(dropped) == 1 else 'ies'} {', '.join(dropped)} "
+        "(|l_m| < 1e-4 cannot be normalised)"
+    )
 
 
 def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
@@ -104,6 +113,23 @@ def _resume_state(out: Path, metadata: dict) -> tuple[pd.DataFrame, list[dict]]:
     return frame, old.get("models", [])
 
 
+def probe_metadata(command: str, pool: ProbePool, settings: ProbeSettings, world_size: int) -> dict:
+    """Run metadata of a probe measurement (``models`` is filled as models load)."""
+    return run_metadata(
+        command,
+        probe_hash=pool.hash,
+        probe_files=list(pool.paths),
+        families=pool.families,
+        seeds=list(settings.seeds),
+        settings=settings.comparable(),
+        batch_size=settings.batch_size,
+        fd_step=settings.fd_step if settings.estimator == "fd" else None,
+        fd_order=settings.fd_order if settings.estimator == "fd" else None,
+        world_size=world_size,
+        models=[],
+    )
+
+
 def collect_control(
     model_specs: Sequence[str],
     pool: ProbePool,
@@ -115,22 +141,22 @@ def collect_control(
     command: str = "probe",
     on_result: Callable[[str, int, ControlResult], None] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Measure every (model, seed); write ``out`` after each; return (frame, metadata)."""
+    """Measure every (model, seed); write ``out`` after each; return (frame, metadata).
+
+    Under a launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0
+    writes ``out`` (``cdscope.commands.parallel``).
+    """
     console = console or Console(stderr=True)
     if len(set(model_specs)) != len(model_specs):
         raise CdscopeError("the same --model is given twice")
-    metadata = run_metadata(
-        command,
-        probe_hash=pool.hash,
-        probe_files=list(pool.paths),
-        families=pool.families,
-        seeds=list(settings.seeds),
-        settings=settings.comparable(),
-        batch_size=settings.batch_size,
-        fd_step=settings.fd_step if settings.estimator == "fd" else None,
-        fd_order=settings.fd_order if settings.estimator == "fd" else None,
-        models=[],
-    )
+    launch = launch_env()
+    if launch.active:  # started by torchrun / accelerate launch: (model, seed) pairs across ranks
+        from cdscope.commands.parallel import collect_control_parallel
+
+        return collect_control_parallel(
+            launch, model_specs, pool, settings, out, options, resume, console, command
+        )
+    metadata = probe_metadata(command, pool, settings, world_size=1)
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
     if resume and out.is_file():
@@ -164,11 +190,7 @@ def collect_control(
                     progress.update(task, description=f"{spec} seed {seed}")
                     result = measure(loaded, gm, pool, seed, settings)
                     if result.dropped:
-                        console.print(
-                            f"[yellow]warning:[/yellow] {spec} seed {seed}: dropped famil"
-                            f"{'y' if len(result.dropped) == 1 else 'ies'} {', '.join(result.dropped)} "
-                            "(|l_m| < 1e-4 cannot be normalised)"
-                        )
+                        console.print(dropped_warning(spec, seed, result.dropped))
                     frames.append(result_frame(spec, seed, result))
                     write_parquet(pd.concat(frames, ignore_index=True), out, metadata)
                     if on_result is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, run_metadata
 from cdscope.probes import load_pool
@@ -128,6 +129,8 @@ def run_train(
     reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
 ) -> TrainResult:
     """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL)."""
+    if cfg.backend != "trl":  # the built-in loop is one process; TRL shards under a launcher
+        single_process_only(f"train --backend {cfg.backend}")
     console = console or Console(stderr=True)
     inputs = prepare(cfg, console, model, tokenizer, reward_fn)
     if cfg.extra.get("trl") and cfg.backend != "trl":

@@ -105,6 +105,27 @@ DtypeOpt = Annotated[
         "--dtype", help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float64."
     ),
 ]
+DeviceMapOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread each model over GPUs/CPU/disk with accelerate: auto | balanced | "
+        "balanced_low_0 | sequential | FILE.json (module -> device).",
+    ),
+]
+MaxMemoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory",
+        help="Per-device caps for the device map, e.g. 0=70GiB,1=70GiB,cpu=200GiB (implies --device-map auto).",
+    ),
+]
+OffloadDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--offload-dir", help="Folder for the weights that fit on no device (disk offload)."
+    ),
+]
 AttnOpt = Annotated[
     str, typer.Option("--attn", help="Attention kernel: auto | eager | sdpa | flash_attention_2.")
 ]
@@ -146,6 +167,29 @@ def _root(
     default smollm2-135m) and the shipped probe pools, and writes Parquet that loads in
     pandas. Exit codes: 0 ok, 1 failed audit threshold, 2 bad input.
     """
+
+
+def model_options(
+    device: str,
+    dtype: str,
+    attn: str,
+    device_map: str | None = None,
+    max_memory: str | None = None,
+    offload_dir: Path | None = None,
+):  # noqa: ANN201 - cdscope.frames.ModelOptions (imported lazily)
+    """``ModelOptions`` with the placement options parsed and checked before any load."""
+    from cdscope.frames import ModelOptions
+
+    placement = None
+    if device_map is not None or max_memory is not None or offload_dir is not None:
+        from cdscope.models.placement import Placement
+
+        if device != "auto":
+            raise CdscopeError(
+                "--device picks one device; drop it when using --device-map/--max-memory"
+            )
+        placement = Placement.from_options(device_map, max_memory, offload_dir)
+    return ModelOptions(device, dtype, attn, placement)
 
 
 def _models(model: list[str] | None) -> list[str]:

@@ -39,7 +39,7 @@ from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, la
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
-from cdscope.models import LoadedModel, load_model
+from cdscope.models import LoadedModel
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
 from cdscope.tasks.answers import find_final_answer
@@ -307,7 +307,7 @@ def run_eap_info(
     with Progress(*columns, console=console, transient=True) as progress:
         loaded = []
         for spec in specs:
-            loaded.append(load_model(spec, options.device, options.dtype, options.attn, console))
+            loaded.append(options.load(spec, console))
         _check_compatible(loaded)
         answers = [answer(lm, items, settings, progress) for lm in loaded]
         common = [it.id for it in items if all(it.id in a.items for a in answers)]

@@ -210,7 +210,6 @@ def evaluate(
 ) -> EvalResult:
     """Generate, verify and summarise every (model, selected problem); see the module doc."""
     from cdscope.commands.probe import _resume_state  # same settings check as probe
-    from cdscope.models import load_model
 
     single_process_only("eval")
     console = console or Console(stderr=True)
@@ -252,7 +251,7 @@ def evaluate(
                 continue
             progress.update(bar, description=f"loading {spec}")
             t_model = time.perf_counter()
-            loaded = load_model(spec, options.device, options.dtype, options.attn, console=console)
+            loaded = options.load(spec, console)
             metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
                 dict(name=spec, source=loaded.source, revision=loaded.revision)
             ]

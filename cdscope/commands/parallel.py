@@ -44,7 +44,6 @@ from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
 from cdscope.io import write_parquet
-from cdscope.models import load_model
 from cdscope.probes import ProbePool
 
 
@@ -74,8 +73,7 @@ class _RankWorker:
             return
         self._stack.close()
         self._spec, self._stack = None, ExitStack()
-        o = self.options
-        self._loaded = load_model(spec, o.device, o.dtype, o.attn, console=self.console)
+        self._loaded = self.options.load(spec, self.console)
         self._gm = self._stack.enter_context(GatedModel(self._loaded.model))
         self._spec, self.record = spec, model_record(self._loaded, self._gm)
 
@@ -153,7 +151,7 @@ def _collect(
     console: Console,
     command: str,
 ) -> tuple[pd.DataFrame, dict]:
-    metadata = probe_metadata(command, pool, settings, world_size=launch.world_size)
+    metadata = probe_metadata(command, pool, settings, options, world_size=launch.world_size)
     previous, records = _resume_on_main(out, metadata, resume, launch)
     done = set() if previous is None else set(zip(previous["model"], previous["seed"], strict=True))
     work = [(m, s) for m in model_specs for s in settings.seeds if (m, s) not in done]

@@ -23,7 +23,7 @@ from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, run_metadata, write_parquet
-from cdscope.models import LoadedModel, load_model
+from cdscope.models import LoadedModel
 from cdscope.probes import ProbePool, draw_probe
 
 
@@ -113,7 +113,9 @@ def _resume_state(out: Path, metadata: dict) -> tuple[pd.DataFrame, list[dict]]:
     return frame, old.get("models", [])
 
 
-def probe_metadata(command: str, pool: ProbePool, settings: ProbeSettings, world_size: int) -> dict:
+def probe_metadata(
+    command: str, pool: ProbePool, settings: ProbeSettings, options: ModelOptions, world_size: int
+) -> dict:
     """Run metadata of a probe measurement (``models`` is filled as models load)."""
     return run_metadata(
         command,
@@ -126,6 +128,7 @@ def probe_metadata(command: str, pool: ProbePool, settings: ProbeSettings, world
         fd_step=settings.fd_step if settings.estimator == "fd" else None,
         fd_order=settings.fd_order if settings.estimator == "fd" else None,
         world_size=world_size,
+        placement=options.placement.describe() if options.placement else None,
         models=[],
     )
 
@@ -156,7 +159,7 @@ def collect_control(
         return collect_control_parallel(
             launch, model_specs, pool, settings, out, options, resume, console, command
         )
-    metadata = probe_metadata(command, pool, settings, world_size=1)
+    metadata = probe_metadata(command, pool, settings, options, world_size=1)
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
     if resume and out.is_file():
@@ -182,7 +185,7 @@ def collect_control(
             if not todo:
                 continue
             progress.update(task, description=f"loading {spec}")
-            loaded = load_model(spec, options.device, options.dtype, options.attn, console=console)
+            loaded = options.load(spec, console)
             with GatedModel(loaded.model) as gm:
                 record = model_record(loaded, gm)
                 metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [record]

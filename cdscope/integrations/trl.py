@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,11 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
                 self.probe_bs,
                 at=before,
             ).R
+            # every rank computed the same lambda grad R on the same probe and weights; rank
+            # 0's copy is made everyone's, so kernels that are not bit-deterministic (CUDA
+            # atomics) cannot let the replicas drift. The backbone part is already the
+            # all-reduced mean, so the regulariser is counted once, not once per rank.
+            _same_on_every_rank([p.grad for p in self.params if p.grad is not None])
         self.pending.update(r_regularizer=reg_R, regularizer_s=time.perf_counter() - t)
         if not finite_params(self.params):
             raise CdscopeError(
@@ -143,6 +148,8 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
             )  # fmt: skip
         else:
             proj = ProjectionResult(0, after, after, 0.0)
+        if _world_size() > 1 and _from_rank_zero(proj.iterations):
+            _same_on_every_rank([p.data for p in self.params])  # rank 0's projected weights
         self.carried = proj.after
         self.pending.update(
             step=state.global_step + 1,
@@ -171,6 +178,40 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
                 Path(self.inputs.cfg.out_dir) / LOG_NAME,
                 self.inputs.metadata,
             )
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _from_rank_zero(value: int) -> int:
+    """Rank 0's ``value`` on every rank (one collective, called by every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    box = torch.tensor([value], dtype=torch.long, device=_collective_device())
+    dist.broadcast(box, src=0)
+    return int(box.item())
+
+
+def _collective_device() -> Any:
+    import torch
+    import torch.distributed as dist
+
+    return (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
+
+
+def _same_on_every_rank(tensors: list) -> None:
+    """Overwrite ``tensors`` (same shapes on every rank) with rank 0's values, in place."""
+    import torch.distributed as dist
+
+    if _world_size() > 1:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
 
 
 class RewardRecorder:
@@ -267,9 +308,17 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
 
 
 def train_with_trl(
-    inputs: TrainInputs, resume: bool = False, console: Console | None = None, **overrides: Any
+    inputs: TrainInputs,
+    resume: bool = False,
+    console: Console | None = None,
+    rollout_func: Callable[[list, Any], dict] | None = None,
+    **overrides: Any,
 ) -> TrainResult:
-    """Run ``inputs.cfg`` through ``GRPOTrainer`` with the CD-RFT callback."""
+    """Run ``inputs.cfg`` through ``GRPOTrainer`` with the CD-RFT callback.
+
+    ``rollout_func``: TRL's (experimental) custom rollouts, ``(prompts, trainer) -> {prompt_ids,
+    completion_ids, logprobs}`` — an environment, a generation server, or a seeded sampler.
+    """
     require_trl()
     from datasets import Dataset
 
@@ -293,6 +342,7 @@ def train_with_trl(
             train_dataset=dataset,
             processing_class=inputs.tokenizer,
             callbacks=[callback],
+            rollout_func=rollout_func,
         )
         trainer.remove_callback(PrinterCallback)  # the per-step table goes to the log instead
         console.print(

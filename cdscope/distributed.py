@@ -148,6 +148,17 @@ def from_main(value: T, launch: Launch) -> T:
     return box[0]  # type: ignore[return-value]
 
 
+def rank_device(device: str) -> str:
+    """``--device`` for this rank: under a launcher, ``auto`` / ``cuda`` on a CUDA machine
+    mean the rank's own GPU, ``cuda:LOCAL_RANK`` (one process per GPU, as torchrun starts them)."""
+    import torch
+
+    launch = launch_env()
+    if launch.active and device in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{launch.local_rank % torch.cuda.device_count()}"
+    return device
+
+
 def single_process_only(command: str) -> None:
     """Refuse to run ``command`` under a launcher: it does not split its work across ranks,
     so every rank would repeat all of it and race to write the same files."""

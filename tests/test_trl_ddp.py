@@ -55,3 +55,26 @@ def test_one_cdrft_step_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
     )
     assert same < 1e-6, same  # fp32 reduction-order round-off of the DDP mean
     assert _max_diff(one, twice) > 100 * max(same, 1e-8)
+
+
+def test_fsdp_and_deepspeed_are_refused_with_one_line() -> None:
+    from types import SimpleNamespace
+
+    from cdscope.errors import CdscopeError
+    from cdscope.integrations.trl import refuse_sharded_engines
+
+    for engine in ("fsdp", "deepspeed"):
+        flags = {"is_fsdp_enabled": engine == "fsdp", "is_deepspeed_enabled": engine == "deepspeed"}
+        with pytest.raises(CdscopeError, match="launch with DDP") as caught:
+            refuse_sharded_engines(SimpleNamespace(**flags))
+        assert "\n" not in str(caught.value)
+    refuse_sharded_engines(SimpleNamespace(is_fsdp_enabled=False, is_deepspeed_enabled=False))
+
+
+def test_shipped_accelerate_config_is_a_valid_ddp_config() -> None:
+    """The file is read by accelerate's own loader (a launch needs GPUs: not run here)."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(ROOT / "docs" / "accelerate" / "ddp.yaml")
+    assert str(config.distributed_type) in ("MULTI_GPU", "DistributedType.MULTI_GPU")
+    assert config.num_processes == 8 and not config.use_cpu

@@ -47,15 +47,6 @@ from cdscope.io import write_parquet
 from cdscope.probes import ProbePool
 
 
-def rank_options(options: ModelOptions, launch: distributed.Launch) -> ModelOptions:
-    """Each rank computes on its own GPU (``cuda:LOCAL_RANK``) when ``--device`` allows CUDA."""
-    import torch
-
-    if options.device in ("auto", "cuda") and torch.cuda.is_available():
-        return replace(options, device=f"cuda:{launch.local_rank % torch.cuda.device_count()}")
-    return options
-
-
 class _RankWorker:
     """Measures this rank's pairs, keeping the current model loaded across rounds."""
 
@@ -132,7 +123,8 @@ def collect_control_parallel(
 
     Ranks > 0 raise ``distributed.WorkerDone`` once their share is gathered.
     """
-    options = rank_options(options, launch)
+    if options.placement is None:  # each rank on its own GPU (a device map spans devices itself)
+        options = replace(options, device=distributed.rank_device(options.device))
     owned = distributed.join(launch, "cuda" if options.device.startswith("cuda") else "cpu")
     try:
         return _collect(launch, model_specs, pool, settings, out, options, resume, console, command)

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cdscope.distributed import single_process_only
+from cdscope.distributed import rank_device, single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, run_metadata
 from cdscope.probes import load_pool
@@ -82,8 +82,8 @@ def prepare(
     cfg.validate(num_probe_families=len(pool.families))
     check_writable(Path(cfg.out_dir) / LOG_NAME)
     if model is None:
-        loaded = load_model(
-            cfg.model, cfg.device, training_dtype(cfg.dtype), cfg.attn, console=console
+        loaded = load_model(  # under a launcher (TRL backend) each rank on its own GPU
+            cfg.model, rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn, console=console
         )
         model, tokenizer = loaded.model, loaded.tokenizer
         model_info = {"name": loaded.name, "revision": loaded.revision, "dtype": str(loaded.dtype)}

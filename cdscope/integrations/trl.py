@@ -16,9 +16,12 @@ public hook, a ``TrainerCallback``:
 * ``on_log`` — merges TRL's per-step metrics (reward, loss, KL) with the probe
   measurements into ``OUT/log.parquet`` (atomic writes).
 
-Under DDP every rank holds the full parameters and the same probe, so each computes the
-same regulariser gradient (deterministic); ZeRO-3 / FSDP sharding is not supported by
-the callback (the probe forward needs whole parameters).
+Under DDP (torchrun / accelerate launch) every rank holds the full parameters, the same
+probe and, after the backward, the all-reduced mean backbone gradient; each computes the
+same regulariser gradient and rank 0's copy is broadcast (as are rank 0's projected
+weights), so lambda grad R enters once per optimizer step, not once per rank (tested:
+2 CPU ranks equal 1 process, ``tests/test_trl_ddp.py``). FSDP and DeepSpeed are refused
+with one line (``refuse_sharded_engines``): see docs/distributed.md.
 
 Differences from the hf loop, by design of TRL: the data order is TRL's seeded sampler,
 TRL scores log-probs of temperature-scaled logits, and checkpoints / ``--resume`` use
@@ -307,6 +310,27 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         raise CdscopeError(f"TRL GRPOConfig refused the settings: {exc}") from exc
 
 
+def refuse_sharded_engines(trainer: Any) -> None:
+    """One line instead of a wrong gradient: FSDP and DeepSpeed are not supported (yet).
+
+    The callback adds lambda grad R to each parameter's ``.grad`` and runs the probe
+    through the backbone and the output head separately. Under FSDP the parameters are
+    shards (the probe forward would see DTensor shards outside the root's all-gather, and
+    autograd would not reach the sharded parameters); DeepSpeed keeps gradients in its own
+    partitioned buffers (ZeRO-2/3) and steps from them, so ``.grad`` is not what it applies.
+    """
+    engine = (
+        "FSDP" if getattr(trainer, "is_fsdp_enabled", False)
+        else "DeepSpeed" if getattr(trainer, "is_deepspeed_enabled", False)
+        else None
+    )  # fmt: skip
+    if engine is not None:
+        raise CdscopeError(
+            f"--backend trl under {engine}: the CD-RFT callback needs whole parameters and "
+            "plain .grad tensors; launch with DDP (docs/accelerate/ddp.yaml or torchrun) instead"
+        )
+
+
 def train_with_trl(
     inputs: TrainInputs,
     resume: bool = False,
@@ -344,6 +368,7 @@ def train_with_trl(
             callbacks=[callback],
             rollout_func=rollout_func,
         )
+        refuse_sharded_engines(trainer)
         trainer.remove_callback(PrinterCallback)  # the per-step table goes to the log instead
         console.print(
             f"[dim]TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}[/dim]"

@@ -19,7 +19,8 @@ Only rank 0 writes files and talks; the other ranks end their command with
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -88,8 +89,9 @@ def timeout_s() -> float:
     return value
 
 
-def join(launch: Launch, device_type: str) -> bool:
-    """Join the launcher's process group; True when this call created it (and owns it).
+@contextmanager
+def process_group(launch: Launch, device_type: str) -> Iterator[None]:
+    """Inside: the launcher's process group, joined (and destroyed on exit if made here).
 
     Backend: nccl when the rank computes on CUDA (its device is ``cuda:LOCAL_RANK``), else
     gloo. A group that already exists (e.g. made by accelerate) is used as it is.
@@ -98,7 +100,8 @@ def join(launch: Launch, device_type: str) -> bool:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return False
+        yield
+        return
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
     if missing:
         raise CdscopeError(
@@ -114,14 +117,9 @@ def join(launch: Launch, device_type: str) -> bool:
         world_size=launch.world_size,
         timeout=timedelta(seconds=timeout_s()),
     )
-    return True
-
-
-def leave(owned: bool) -> None:
-    """Destroy the process group if ``join`` made it."""
-    import torch.distributed as dist
-
-    if owned and dist.is_initialized():
+    try:
+        yield
+    finally:
         dist.destroy_process_group()
 
 

@@ -125,77 +125,70 @@ def collect_control_parallel(
     """
     if options.placement is None:  # each rank on its own GPU (a device map spans devices itself)
         options = replace(options, device=distributed.rank_device(options.device))
-    owned = distributed.join(launch, "cuda" if options.device.startswith("cuda") else "cpu")
-    try:
-        return _collect(launch, model_specs, pool, settings, out, options, resume, console, command)
-    finally:
-        distributed.leave(owned)
-
-
-def _collect(
-    launch: distributed.Launch,
-    model_specs: Sequence[str],
-    pool: ProbePool,
-    settings: ProbeSettings,
-    out: Path,
-    options: ModelOptions,
-    resume: bool,
-    console: Console,
-    command: str,
-) -> tuple[pd.DataFrame, dict]:
-    metadata = probe_metadata(command, pool, settings, options, world_size=launch.world_size)
-    previous, records = _resume_on_main(out, metadata, resume, launch)
-    done = set() if previous is None else set(zip(previous["model"], previous["seed"], strict=True))
-    work = [(m, s) for m in model_specs for s in settings.seeds if (m, s) not in done]
-    if 0 < len(work) < launch.world_size:
-        raise CdscopeError(
-            f"launched with {launch.world_size} ranks but only {len(work)} (model, seed) pair(s) "
-            f"are left to measure; launch at most {len(work)} processes or add --seeds/--model"
+    with distributed.process_group(launch, "cuda" if options.device.startswith("cuda") else "cpu"):
+        metadata = probe_metadata(command, pool, settings, options, world_size=launch.world_size)
+        previous, records = _resume_on_main(out, metadata, resume, launch)
+        done = (
+            set()
+            if previous is None
+            else set(zip(previous["model"], previous["seed"], strict=True))
         )
-    if done:
-        console.print(
-            f"[dim]--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}[/dim]"
-        )
-    mine = distributed.share(work, launch)
-    rounds = math.ceil(len(work) / launch.world_size)
-    finished: dict[tuple[str, int], pd.DataFrame] = {}
-    new_records: dict[str, dict] = {}
-
-    def frame_now() -> pd.DataFrame:
-        parts = ([] if previous is None else [previous]) + [
-            finished[p] for p in work if p in finished
-        ]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=FRAME_COLUMNS)
-
-    def records_now() -> list[dict]:
-        fresh = [new_records[m] for m in model_specs if m in new_records]
-        return [r for r in records if r["name"] not in new_records] + fresh
-
-    worker = _RankWorker(pool, settings, options, console)
-    try:
-        for r in range(rounds):
-            statuses = distributed.gather_status(
-                worker.run(mine[r] if r < len(mine) else None, launch.rank), launch
+        work = [(m, s) for m in model_specs for s in settings.seeds if (m, s) not in done]
+        if 0 < len(work) < launch.world_size:
+            raise CdscopeError(
+                f"launched with {launch.world_size} ranks but only {len(work)} (model, seed) pair(s) "
+                f"are left to measure; launch at most {len(work)} processes or add --seeds/--model"
             )
-            errors = [s["error"] for s in statuses if s and "error" in s]
-            for status in statuses:
-                if status and "pair" in status:
-                    finished[status["pair"]] = status["frame"]
-                    new_records.setdefault(status["pair"][0], status["record"])
-                    if status["dropped"]:
-                        console.print(dropped_warning(*status["pair"], status["dropped"]))
-            metadata["models"] = records_now()
-            if launch.is_main and any(s and "pair" in s for s in statuses):
-                write_parquet(frame_now(), out, metadata)
-                console.print(
-                    f"[dim]round {r + 1}/{rounds}: {len(finished)}/{len(work)} (model, seed) pair(s) "
-                    f"measured on {launch.world_size} ranks[/dim]"
+        if done:
+            console.print(
+                f"[dim]--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}[/dim]"
+            )
+        mine = distributed.share(work, launch)
+        rounds = math.ceil(len(work) / launch.world_size)
+        finished: dict[tuple[str, int], pd.DataFrame] = {}
+        new_records: dict[str, dict] = {}
+
+        def frame_now() -> pd.DataFrame:
+            parts = ([] if previous is None else [previous]) + [
+                finished[p] for p in work if p in finished
+            ]
+            return (
+                pd.concat(parts, ignore_index=True)
+                if parts
+                else pd.DataFrame(columns=FRAME_COLUMNS)
+            )
+
+        def records_now() -> list[dict]:
+            fresh = [new_records[m] for m in model_specs if m in new_records]
+            return [r for r in records if r["name"] not in new_records] + fresh
+
+        worker = _RankWorker(pool, settings, options, console)
+        try:
+            for r in range(rounds):
+                statuses = distributed.gather_status(
+                    worker.run(mine[r] if r < len(mine) else None, launch.rank), launch
                 )
-            if errors:
-                more = f" (and {len(errors) - 1} more failing rank(s))" if len(errors) > 1 else ""
-                raise CdscopeError(errors[0] + more)
-    finally:
-        worker.close()
-    if not launch.is_main:
-        raise distributed.WorkerDone
-    return frame_now(), metadata
+                errors = [s["error"] for s in statuses if s and "error" in s]
+                for status in statuses:
+                    if status and "pair" in status:
+                        finished[status["pair"]] = status["frame"]
+                        new_records.setdefault(status["pair"][0], status["record"])
+                        if status["dropped"]:
+                            console.print(dropped_warning(*status["pair"], status["dropped"]))
+                metadata["models"] = records_now()
+                if launch.is_main and any(s and "pair" in s for s in statuses):
+                    write_parquet(frame_now(), out, metadata)
+                    console.print(
+                        f"[dim]round {r + 1}/{rounds}: {len(finished)}/{len(work)} (model, seed) pair(s) "
+                        f"measured on {launch.world_size} ranks[/dim]"
+                    )
+                if errors:
+                    more = (
+                        f" (and {len(errors) - 1} more failing rank(s))" if len(errors) > 1 else ""
+                    )
+                    raise CdscopeError(errors[0] + more)
+        finally:
+            worker.close()
+        if not launch.is_main:
+            raise distributed.WorkerDone
+        return frame_now(), metadata

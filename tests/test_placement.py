@@ -50,6 +50,21 @@ def test_max_memory_parses_sizes_and_refuses_bad_text() -> None:
             parse_max_memory(bad)
 
 
+def test_map_files_are_checked_before_loading(tmp_path) -> None:
+    device_map = tmp_path / "map.json"
+    device_map.write_text(json.dumps({"model": "cpu", "lm_head": "disk"}))
+    with pytest.raises(CdscopeError, match="add --offload-dir"):
+        Placement.from_options(str(device_map), None, None)
+    with pytest.raises(CdscopeError, match="not to a map file"):
+        Placement.from_options(str(device_map), "cpu=1GiB", tmp_path / "off")
+    device_map.write_text("[1, 2]")
+    with pytest.raises(CdscopeError, match="module name: device"):
+        Placement.from_options(str(device_map), None, None)
+    with pytest.raises(CdscopeError, match="not found"):
+        Placement.from_options(str(tmp_path / "missing.json"), None, None)
+    assert Placement.from_options(None, None, None) is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without GPUs")
 def test_devices_that_do_not_exist_are_refused(tiny_model_dir, pool_file, tmp_path) -> None:
     out = tmp_path / "p.parquet"

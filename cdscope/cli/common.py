@@ -184,10 +184,6 @@ def model_options(
     if device_map is not None or max_memory is not None or offload_dir is not None:
         from cdscope.models.placement import Placement
 
-        if device != "auto":
-            raise CdscopeError(
-                "--device picks one device; drop it when using --device-map/--max-memory"
-            )
         placement = Placement.from_options(device_map, max_memory, offload_dir)
     return ModelOptions(device, dtype, attn, placement)
 

@@ -34,6 +34,7 @@ from torch import nn
 from cdscope.batch import ProbeBatch
 from cdscope.gates import GatedModel, GateSet
 from cdscope.likelihood import row_target_logprobs
+from cdscope.models.placement import execution_device
 
 EPS0 = 1e-4
 
@@ -123,7 +124,7 @@ def control_autograd(
 ) -> ControlResult:
     """C, F and l_m from one forward + one backward per micro-batch (SPEC §2)."""
     model, K = gm.model, gm.gate_set.K
-    device = next(model.parameters()).device
+    device = execution_device(model)
     weights = 1.0 / batch.family_sizes().double()[batch.row_family]  # 1/n_m per row
     row_logp = torch.zeros(batch.B, dtype=torch.float64)
     row_grad = torch.zeros(batch.B, K, dtype=torch.float64)
@@ -159,7 +160,7 @@ def _gated_row_logprobs(
 ) -> torch.Tensor:
     """log pi(y*|x; g) for every (virtual) row: ``gates`` is ``[P*B, K]`` for P settings."""
     B = batch.B  # noqa: N806
-    device = next(gm.model.parameters()).device
+    device = execution_device(gm.model)
     out = torch.zeros(gates.shape[0], dtype=torch.float64)
     for virtual in _chunks(gates.shape[0], batch_size, batch.lengths.repeat(gates.shape[0] // B)):
         rows = virtual % B
@@ -211,7 +212,7 @@ def control_finite_difference(
     dl_dg = torch.full((batch.M, K), float("nan"), dtype=torch.float64)
     dl_dg[:, columns] = (sum(w * ell[p] for p, w in enumerate(weights)) / step).T  # [M, J]
     # l_m and F at g = 1 from one plain gated forward.
-    device = next(gm.model.parameters()).device
+    device = execution_device(gm.model)
     row_logp = torch.zeros(B, dtype=torch.float64)
     row_F = torch.zeros(B, K, dtype=torch.float64)
     with torch.no_grad():

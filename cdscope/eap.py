@@ -276,6 +276,11 @@ class EdgeHooks:
     def _fused_qkv(self, layer: int, norm: nn.Module):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             weight, bias = module.weight, module.bias  # Conv1D: out = x @ weight + bias
+            if weight.device.type == "meta":
+                raise CdscopeError(
+                    "eap-info re-runs GPT-2's fused q/k/v projection, which cannot be offloaded "
+                    "to disk: raise --max-memory so the attention layers stay in memory"
+                )
             if weight.shape[1] != output.shape[-1] or output.shape[-1] % 3:
                 raise CdscopeError(f"unexpected fused q/k/v projection {module!r}")
             width, parts = output.shape[-1] // 3, []
@@ -310,14 +315,15 @@ def _scores_of_rows(
     losses = -logp / answer_token_counts(batch, rows).to(logp)
     grads = torch.autograd.grad(losses.sum(), hooks.path_inputs)
     wide = torch.promote_types(grads[0].dtype, torch.float32)
-    acts = torch.stack(hooks.activations, dim=1).to(wide)  # [b, U, T, D]
+    device = grads[0].device  # under a device map the nodes live on several devices
+    acts = torch.stack([a.to(device) for a in hooks.activations], dim=1).to(wide)  # [b, U, T, D]
     width = acts.shape[2]
     real = (
         torch.arange(width, device=acts.device)[None, :]
         < batch.lengths[rows].to(acts.device)[:, None]
     )
     acts = acts * real[:, None, :, None]
-    path_grads = torch.stack(grads, dim=1).to(wide)  # [b, C, T, D]
+    path_grads = torch.stack([g.to(device) for g in grads], dim=1).to(wide)  # [b, C, T, D]
     full = -torch.bmm(acts.flatten(2), path_grads.flatten(2).transpose(1, 2))  # [b, U, C]
     graph = hooks.graph
     return full[:, graph.edge_up, graph.edge_cons], losses.detach()

@@ -7,11 +7,16 @@ file (``--from``) import this, not the model stack.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from cdscope.errors import CdscopeError
+
+if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
+    from cdscope.models.loading import LoadedModel
+    from cdscope.models.placement import Placement
 
 ESTIMATORS = ("autograd", "fd")
 FRAME_COLUMNS = [
@@ -60,9 +65,17 @@ class ProbeSettings:
 
 @dataclass(frozen=True)
 class ModelOptions:
+    """How to load each model: one device, or spread by a ``Placement`` (device map)."""
+
     device: str = "auto"
     dtype: str = "auto"
     attn: str = "auto"
+    placement: Placement | None = None
+
+    def load(self, spec: str, console: object | None = None) -> LoadedModel:
+        from cdscope.models import load_model
+
+        return load_model(spec, self.device, self.dtype, self.attn, console, self.placement)
 
 
 def control_matrices(

@@ -83,7 +83,8 @@ class Capture:
 
     def stacked(self, K: int) -> torch.Tensor:  # noqa: N803
         """``[B, K, T]`` tensor of write norms (ungated writes)."""
-        return torch.stack([self.norms[k] for k in range(K)], dim=1)
+        device = self.norms[0].device  # writes of a dispatched model sit on several devices
+        return torch.stack([self.norms[k].to(device) for k in range(K)], dim=1)
 
 
 def _first_tensor(output: object) -> torch.Tensor:
@@ -163,7 +164,9 @@ class GatedModel:
                 raise ValueError(
                     f"gate rows ({self._gates.shape[0]}) != batch rows ({write.shape[0]})"
                 )
-            g = self._gates[:, k].to(write.dtype).view(-1, *([1] * (write.dim() - 1)))
+            # under a device map each write may live on another device: its gates follow it
+            g = self._gates[:, k].to(write.device, write.dtype)
+            g = g.view(-1, *([1] * (write.dim() - 1)))
             return _replace_first(output, write * g)
 
         return hook

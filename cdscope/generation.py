@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from cdscope.errors import CdscopeError
+from cdscope.models.placement import execution_device
 
 
 @dataclass
@@ -149,7 +150,7 @@ def sample(
     _validate(prompts, num_samples, max_new_tokens, temperature, seed, batch_size, top_p)
     pad_id = ensure_pad_token(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
-    device = next(model.parameters()).device
+    device = execution_device(model)
     rows = [p for p in prompts for _ in range(num_samples)]
     index = torch.arange(len(prompts)).repeat_interleave(num_samples)
     step = batch_size or len(rows)

@@ -35,9 +35,10 @@ def row_target_logprobs(model: nn.Module, batch: ProbeBatch, rows: torch.Tensor)
     input_ids = batch.input_ids[rows.to(batch.input_ids.device), :width]
     hidden = model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
     local, pos, labels = batch.predicting_positions(rows)
-    logits = output_logits(model, hidden[local, pos])
+    # under a device map the last layer and the output head may sit on other devices
+    logits = output_logits(model, hidden[local.to(hidden.device), pos.to(hidden.device)])
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least, fp64 kept
-    token_logp = -F.cross_entropy(logits, labels, reduction="none")
+    token_logp = -F.cross_entropy(logits, labels.to(logits.device), reduction="none")
     return torch.zeros(len(rows), dtype=token_logp.dtype, device=token_logp.device).index_add(
-        0, local, token_logp
+        0, local.to(token_logp.device), token_logp
     )

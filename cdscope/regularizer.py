@@ -50,6 +50,7 @@ from cdscope.control import EPS0, ControlResult, _chunks, control_autograd
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.likelihood import row_target_logprobs
+from cdscope.models.placement import execution_device
 from cdscope.spectral import moment_ratio_torch, r_sensitivity_torch
 
 W_FLOOR = 1e-12
@@ -72,7 +73,8 @@ class GradResult:
     seconds: float
 
     def flat(self) -> torch.Tensor:
-        return torch.cat([g.reshape(-1).double() for g in self.grads])
+        device = self.grads[0].device  # under a device map the weights span devices
+        return torch.cat([g.reshape(-1).double().to(device) for g in self.grads])
 
 
 def trainable(model: nn.Module, params: Sequence[nn.Parameter] | None = None) -> list[nn.Parameter]:
@@ -136,7 +138,7 @@ def exact_grad(
     start = time.perf_counter()
     model = gm.model
     chosen = trainable(model, params)
-    device = next(model.parameters()).device
+    device = execution_device(model)
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
     nominal = nominal or control_autograd(gm, batch, batch_size)
     kept = torch.from_numpy(nominal.kept)
@@ -264,7 +266,7 @@ def proxy_grad(
     chosen = trainable(model, params)
     model_dtype = next(model.parameters()).dtype
     check_step_resolution(eps, model_dtype, richardson)
-    device = next(model.parameters()).device
+    device = execution_device(model)
     dtype = torch.float64 if model_dtype == torch.float64 else torch.float32
     K, B = gm.gate_set.K, batch.B  # noqa: N806
     # stencil: offsets o and weights c_o with D = sum_o c_o l(1 + o Ŵ)

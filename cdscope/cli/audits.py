@@ -13,17 +13,21 @@ from cdscope.cli.common import (
     AuditSeedsOpt,
     AuditTemplateOpt,
     BatchOpt,
+    DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
     FromOpt,
     JsonOpt,
+    MaxMemoryOpt,
     ModelOpt,
+    OffloadDirOpt,
     PlotOpt,
     ProbeOpt,
     ResumeOpt,
     _models,
     app,
     err_console,
+    model_options,
     out_console,
     user_errors,
 )
@@ -44,13 +48,11 @@ def _run_audit_command(
     from_path: Path | None,
     resume: bool,
     batch_size: int | None,
-    device: str,
-    dtype: str,
-    attn: str,
+    options,  # noqa: ANN001 - cdscope.frames.ModelOptions
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
-    from cdscope.frames import ModelOptions, ProbeSettings
+    from cdscope.frames import ProbeSettings
     from cdscope.io import check_plot_path, check_writable
 
     spec = AUDITS[command]
@@ -70,7 +72,7 @@ def _run_audit_command(
         from_path,
         settings,
         probe,
-        ModelOptions(device, dtype, attn),
+        options,
         resume,
         err_console,
         explicit,
@@ -144,6 +146,9 @@ def bshared(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_dir: OffloadDirOpt = None,
 ) -> None:
     """Shared control bottleneck B_shared(C) = lambda_1 / tr(C C^T) per model and seed (SPEC §3).
 
@@ -165,9 +170,7 @@ def bshared(
         from_path,
         resume,
         batch_size,
-        device,
-        dtype,
-        attn,
+        model_options(device, dtype, attn, device_map, max_memory, offload_dir),
     )
     if plot is not None:
         _draw_audit("bshared", plot, result)
@@ -221,10 +224,14 @@ def _register_audit_command(command: str, doc: str) -> None:
         device: DeviceOpt = "auto",
         dtype: DtypeOpt = "auto",
         attn: AttnOpt = "auto",
+        device_map: DeviceMapOpt = None,
+        max_memory: MaxMemoryOpt = None,
+        offload_dir: OffloadDirOpt = None,
     ) -> None:
+        options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
         spec, result, outputs = _run_audit_command(
             command, model, seeds, n, probe, template, out, plot, as_json, from_path, resume,
-            batch_size, device, dtype, attn,
+            batch_size, options,
         )  # fmt: skip
         if plot is not None:
             _draw_audit(command, plot, result)

@@ -6,7 +6,9 @@ line on stderr saying what was wrong and how to fix it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -39,9 +41,16 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: object, **kwargs: object) -> object:
+        from cdscope.distributed import WorkerDone, is_main_process
+
         _quiet_libraries()
+        main = is_main_process()  # under torchrun / accelerate launch only rank 0 talks
+        out_console.quiet = err_console.quiet = not main
         try:
-            return func(*args, **kwargs)
+            with contextlib.nullcontext() if main else contextlib.redirect_stdout(io.StringIO()):
+                return func(*args, **kwargs)
+        except WorkerDone:  # a rank > 0 whose share is gathered: rank 0 writes and reports
+            raise typer.Exit(0) from None
         except (CdscopeError, AuditFailed) as exc:
             label = "error:" if isinstance(exc, CdscopeError) else "audit failed:"
             say(err_console, (label, "bold red"), " ", str(exc))
@@ -92,6 +101,27 @@ DtypeOpt = Annotated[
         "--dtype", help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float64."
     ),
 ]
+DeviceMapOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread each model over GPUs/CPU/disk with accelerate: auto | balanced | "
+        "balanced_low_0 | sequential | FILE.json (module -> device).",
+    ),
+]
+MaxMemoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory",
+        help="Per-device caps for the device map, e.g. 0=70GiB,1=70GiB,cpu=200GiB (implies --device-map auto).",
+    ),
+]
+OffloadDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--offload-dir", help="Folder for the weights that fit on no device (disk offload)."
+    ),
+]
 AttnOpt = Annotated[
     str, typer.Option("--attn", help="Attention kernel: auto | eager | sdpa | flash_attention_2.")
 ]
@@ -133,6 +163,25 @@ def _root(
     default smollm2-135m) and the shipped probe pools, and writes Parquet that loads in
     pandas. Exit codes: 0 ok, 1 failed audit threshold, 2 bad input.
     """
+
+
+def model_options(
+    device: str,
+    dtype: str,
+    attn: str,
+    device_map: str | None = None,
+    max_memory: str | None = None,
+    offload_dir: Path | None = None,
+):  # noqa: ANN201 - cdscope.frames.ModelOptions (imported lazily)
+    """``ModelOptions`` with the placement options parsed and checked before any load."""
+    from cdscope.frames import ModelOptions
+
+    placement = None
+    if device_map is not None or max_memory is not None or offload_dir is not None:
+        from cdscope.models.placement import Placement
+
+        placement = Placement.from_options(device_map, max_memory, offload_dir)
+    return ModelOptions(device, dtype, attn, placement)
 
 
 def _models(model: list[str] | None) -> list[str]:

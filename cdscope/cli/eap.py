@@ -10,12 +10,16 @@ import typer
 from cdscope.cli.common import (
     AttnOpt,
     BatchOpt,
+    DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    MaxMemoryOpt,
+    OffloadDirOpt,
     PlotOpt,
     ProbeOpt,
     app,
     err_console,
+    model_options,
     out_console,
     user_errors,
 )
@@ -75,6 +79,9 @@ def eap_info(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_dir: OffloadDirOpt = None,
 ) -> None:
     """Edge attribution statistics of verified answers: intensity, information complexity, kurtosis (SPEC §6).
 
@@ -84,18 +91,16 @@ def eap_info(
     --baseline, paired differences model - baseline.
     """
     from cdscope.commands.eap_info import EapSettings, run_eap_info, write_eap_outputs
-    from cdscope.commands.probe import ModelOptions
     from cdscope.io import check_plot_path, check_writable
     from cdscope.probes import load_pool
     from cdscope.render import eap_summary_table
 
     settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)
+    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
-    result = run_eap_info(
-        model, baseline, load_pool(probe), settings, ModelOptions(device, dtype, attn), err_console
-    )
+    result = run_eap_info(model, baseline, load_pool(probe), settings, options, err_console)
     if plot is not None:  # first: a failing figure leaves no Parquet behind
         from cdscope.plots import plot_eap
 

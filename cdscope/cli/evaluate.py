@@ -11,12 +11,16 @@ from rich.table import Table
 
 from cdscope.cli.common import (
     AttnOpt,
+    DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    MaxMemoryOpt,
+    OffloadDirOpt,
     PlotOpt,
     ResumeOpt,
     app,
     err_console,
+    model_options,
     out_console,
     user_errors,
 )
@@ -221,6 +225,9 @@ def eval_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_dir: OffloadDirOpt = None,
 ) -> None:
     """Sample n completions per problem, verify them, report unbiased pass@k (SPEC §7).
 
@@ -229,10 +236,10 @@ def eval_command(
     row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
     """
     from cdscope.commands.evaluate import EvalSettings, check_backend, evaluate, read_hard_ids
-    from cdscope.frames import ModelOptions
     from cdscope.io import check_plot_path, check_writable
     from cdscope.tasks import default_task_paths, load_tasks
 
+    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
     loaded_tasks = load_tasks(task_paths)
     settings = EvalSettings(
@@ -283,7 +290,7 @@ def eval_command(
         loaded_tasks,
         settings,
         out,
-        ModelOptions(device, dtype, attn),
+        options,
         resume,
         hard_ids,
         err_console,

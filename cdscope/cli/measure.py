@@ -10,10 +10,13 @@ import typer
 from cdscope.cli.common import (
     AttnOpt,
     BatchOpt,
+    DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    MaxMemoryOpt,
     ModelOpt,
     NOpt,
+    OffloadDirOpt,
     ProbeOpt,
     ResumeOpt,
     SeedsOpt,
@@ -21,6 +24,7 @@ from cdscope.cli.common import (
     _models,
     app,
     err_console,
+    model_options,
     out_console,
     user_errors,
 )
@@ -58,6 +62,9 @@ def probe(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_dir: OffloadDirOpt = None,
     resume: ResumeOpt = False,
 ) -> None:
     """Measure the control matrix C, activation matrix F and l_m per family (SPEC §2).
@@ -66,7 +73,7 @@ def probe(
     dl_dg, ell, dropped; run metadata is in the Parquet key-value metadata.
     """
     from cdscope.commands.probe import collect_control
-    from cdscope.frames import ModelOptions, ProbeSettings
+    from cdscope.frames import ProbeSettings
     from cdscope.io import check_writable
     from cdscope.probes import load_pool
     from cdscope.render import seed_summary_table
@@ -74,6 +81,7 @@ def probe(
     settings = ProbeSettings(
         tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order
     )
+    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
     target = check_writable(out)
     pool = load_pool(probe)
     frame, _ = collect_control(
@@ -81,7 +89,7 @@ def probe(
         pool,
         settings,
         target,
-        ModelOptions(device, dtype, attn),
+        options,
         resume,
         err_console,
     )
@@ -129,6 +137,9 @@ def gradcheck(
         ),
     ] = False,
     batch_size: BatchOpt = None,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_dir: OffloadDirOpt = None,
     first_seed: Annotated[
         int, typer.Option("--first-seed", min=0, help="Seeds run first-seed .. first-seed+seeds-1.")
     ] = 0,
@@ -146,6 +157,7 @@ def gradcheck(
     from cdscope.render import gradcheck_table
 
     eps_values = _eps_list(eps)
+    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
     target = check_writable(out)
     pool = load_pool(probe)
     frame = run_gradcheck(
@@ -162,6 +174,7 @@ def gradcheck(
         err_console,
         richardson_sweep,
         batch_size,
+        options.placement,
     )
     out_console.print(gradcheck_table(frame))
     wrote(err_console, str(target))

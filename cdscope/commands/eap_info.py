@@ -34,12 +34,13 @@ from rich.console import Console
 from rich.progress import Progress
 
 from cdscope.batch import encode_probe, prompt_ids
+from cdscope.distributed import single_process_only
 from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.models import LoadedModel, load_model
+from cdscope.models import LoadedModel
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
 from cdscope.tasks.answers import find_final_answer
@@ -287,6 +288,7 @@ def run_eap_info(
     """Answer, filter, score and summarise (module docstring); writes nothing."""
     from cdscope.commands.probe import model_record
 
+    single_process_only("eap-info")
     console = console or make_console()
     specs = [model] if baseline is None else [model, baseline]
     if len(set(specs)) != len(specs):
@@ -295,7 +297,7 @@ def run_eap_info(
     with progress_bar(console, transient=True) as progress:
         loaded = []
         for spec in specs:
-            loaded.append(load_model(spec, options.device, options.dtype, options.attn, console))
+            loaded.append(options.load(spec, console))
         _check_compatible(loaded)
         answers = [answer(lm, items, settings, progress) for lm in loaded]
         common = [it.id for it in items if all(it.id in a.items for a in answers)]

@@ -26,6 +26,7 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.contamination import benchmark_of
+from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.frames import ModelOptions
 from cdscope.io import run_metadata, write_parquet
@@ -209,8 +210,8 @@ def evaluate(
 ) -> EvalResult:
     """Generate, verify and summarise every (model, selected problem); see the module doc."""
     from cdscope.commands.probe import _resume_state  # same settings check as probe
-    from cdscope.models import load_model
 
+    single_process_only("eval")
     console = console or make_console()
     if len(set(model_specs)) != len(model_specs):
         raise CdscopeError("the same --model is given twice")
@@ -249,7 +250,7 @@ def evaluate(
                 continue
             progress.update(bar, description=f"loading {spec}")
             t_model = time.perf_counter()
-            loaded = load_model(spec, options.device, options.dtype, options.attn, console=console)
+            loaded = options.load(spec, console)
             metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
                 dict(name=spec, source=loaded.source, revision=loaded.revision)
             ]

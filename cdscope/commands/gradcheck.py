@@ -15,10 +15,12 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.batch import encode_probe
+from cdscope.distributed import single_process_only
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.models import load_model
+from cdscope.models.placement import Placement, require_resident_weights
 from cdscope.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, exact_grad, fidelity, proxy_grad
 
@@ -50,9 +52,12 @@ def run_gradcheck(
     console: Console | None = None,
     richardson_sweep: bool = False,
     batch_size: int | None = None,
+    placement: Placement | None = None,
 ) -> pd.DataFrame:
+    single_process_only("gradcheck")
     console = console or make_console()
-    loaded = load_model(model_spec, device, dtype, attn, console=console)
+    loaded = load_model(model_spec, device, dtype, attn, console, placement)
+    require_resident_weights(loaded.model, "gradcheck")
     # rows per forward: one on CPU (no padding, least memory for the double backward)
     row_chunk = batch_size or (1 if loaded.device.type == "cpu" else None)
     variants = [("proxy", e) for e in eps_list]

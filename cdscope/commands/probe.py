@@ -8,7 +8,7 @@ so an interrupted run keeps what it finished and ``--resume`` skips it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +17,13 @@ from rich.console import Console
 
 from cdscope.batch import encode_probe
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
+from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, run_metadata, write_parquet
 from cdscope.messages import dim, make_console, progress_bar, warn
-from cdscope.models import LoadedModel, load_model
+from cdscope.models import LoadedModel
 from cdscope.probes import ProbePool, draw_probe, drawn_ids
 
 
@@ -55,6 +56,19 @@ def measure(
                 "(try --dtype float32, or check the model's weights)"
             )
     return result
+
+
+def dropped_warning(console: Console, spec: str, seed: int, dropped: Sequence[str]) -> None:
+    warn(
+        console,
+        f"{spec} seed {seed}: dropped famil{'y' if len(dropped) == 1 else 'ies'} "
+        f"{', '.join(dropped)} (|l_m| < 1e-4 cannot be normalised)",
+    )
+
+
+def drawn_metadata(pool: ProbePool, n: int, seeds: Iterable[int]) -> dict[str, dict]:
+    """``{seed: {family: [item ids]}}`` for the finished ``seeds`` (metadata key ``drawn``)."""
+    return {str(s): drawn_ids(draw_probe(pool, int(s), n)) for s in sorted(set(seeds))}
 
 
 def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
@@ -104,6 +118,27 @@ def _resume_state(out: Path, metadata: dict) -> tuple[pd.DataFrame, list[dict]]:
     return frame, old.get("models", [])
 
 
+def probe_metadata(
+    command: str, pool: ProbePool, settings: ProbeSettings, options: ModelOptions, world_size: int
+) -> dict:
+    """Run metadata of a probe measurement (``models`` is filled as models load)."""
+    return run_metadata(
+        command,
+        probe_hash=pool.hash,
+        probe_files=list(pool.paths),
+        families=pool.families,
+        seeds=list(settings.seeds),
+        settings=settings.comparable(),
+        batch_size=settings.batch_size,
+        fd_step=settings.fd_step if settings.estimator == "fd" else None,
+        fd_order=settings.fd_order if settings.estimator == "fd" else None,
+        world_size=world_size,
+        placement=options.placement.describe() if options.placement else None,
+        models=[],
+        drawn={},  # seed -> family -> item ids, for every finished seed
+    )
+
+
 def collect_control(
     model_specs: Sequence[str],
     pool: ProbePool,
@@ -115,31 +150,28 @@ def collect_control(
     command: str = "probe",
     on_result: Callable[[str, int, ControlResult], None] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Measure every (model, seed); write ``out`` after each; return (frame, metadata)."""
+    """Measure every (model, seed); write ``out`` after each; return (frame, metadata).
+
+    Under a launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0
+    writes ``out`` (``cdscope.commands.parallel``).
+    """
     console = console or make_console()
     if len(set(model_specs)) != len(model_specs):
         raise CdscopeError("the same --model is given twice")
-    metadata = run_metadata(
-        command,
-        probe_hash=pool.hash,
-        probe_files=list(pool.paths),
-        families=pool.families,
-        seeds=list(settings.seeds),
-        settings=settings.comparable(),
-        batch_size=settings.batch_size,
-        fd_step=settings.fd_step if settings.estimator == "fd" else None,
-        fd_order=settings.fd_order if settings.estimator == "fd" else None,
-        models=[],
-        drawn={},  # seed -> family -> item ids, for every finished seed
-    )
+    launch = launch_env()
+    if launch.active:  # started by torchrun / accelerate launch: (model, seed) pairs across ranks
+        from cdscope.commands.parallel import collect_control_parallel
+
+        return collect_control_parallel(
+            launch, model_specs, pool, settings, out, options, resume, console, command
+        )
+    metadata = probe_metadata(command, pool, settings, options, world_size=1)
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
     if resume and out.is_file():
         previous, metadata["models"] = _resume_state(out, metadata)
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
-        for seed in sorted({s for _, s in done}):
-            metadata["drawn"][str(seed)] = drawn_ids(draw_probe(pool, seed, settings.n))
         dim(console, f"--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}")
 
     with progress_bar(console) as progress:
@@ -151,7 +183,7 @@ def collect_control(
             if not todo:
                 continue
             progress.update(task, description=f"loading {spec}")
-            loaded = load_model(spec, options.device, options.dtype, options.attn, console=console)
+            loaded = options.load(spec, console)
             with GatedModel(loaded.model) as gm:
                 record = model_record(loaded, gm)
                 metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [record]
@@ -159,15 +191,11 @@ def collect_control(
                     progress.update(task, description=f"{spec} seed {seed}")
                     result = measure(loaded, gm, pool, seed, settings)
                     if result.dropped:
-                        warn(
-                            console,
-                            f"{spec} seed {seed}: dropped famil"
-                            f"{'y' if len(result.dropped) == 1 else 'ies'} {', '.join(result.dropped)} "
-                            "(|l_m| < 1e-4 cannot be normalised)",
-                        )
+                        dropped_warning(console, spec, seed, result.dropped)
                     frames.append(result_frame(spec, seed, result))
-                    metadata["drawn"][str(seed)] = drawn_ids(draw_probe(pool, seed, settings.n))
-                    write_parquet(pd.concat(frames, ignore_index=True), out, metadata)
+                    frame = pd.concat(frames, ignore_index=True)
+                    metadata["drawn"] = drawn_metadata(pool, settings.n, frame["seed"])
+                    write_parquet(frame, out, metadata)
                     if on_result is not None:
                         on_result(spec, seed, result)
                     progress.advance(task)

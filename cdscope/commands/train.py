@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from cdscope.distributed import rank_device, single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, run_metadata
 from cdscope.messages import make_console
@@ -82,8 +83,8 @@ def prepare(
     cfg.validate(num_probe_families=len(pool.families))
     check_writable(Path(cfg.out_dir) / LOG_NAME)
     if model is None:
-        loaded = load_model(
-            cfg.model, cfg.device, training_dtype(cfg.dtype), cfg.attn, console=console
+        loaded = load_model(  # under a launcher (TRL backend) each rank on its own GPU
+            cfg.model, rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn, console=console
         )
         model, tokenizer = loaded.model, loaded.tokenizer
         model_info = {"name": loaded.name, "revision": loaded.revision, "dtype": str(loaded.dtype)}
@@ -129,6 +130,8 @@ def run_train(
     reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
 ) -> TrainResult:
     """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL)."""
+    if cfg.backend != "trl":  # the built-in loop is one process; TRL shards under a launcher
+        single_process_only(f"train --backend {cfg.backend}")
     console = console or make_console()
     if cfg.extra.get("trl") and cfg.backend != "trl":
         raise CdscopeError("--trl-arg only applies with --backend trl")

@@ -16,9 +16,12 @@ public hook, a ``TrainerCallback``:
 * ``on_log`` — merges TRL's per-step metrics (reward, loss, KL) with the probe
   measurements into ``OUT/log.parquet`` (atomic writes).
 
-Under DDP every rank holds the full parameters and the same probe, so each computes the
-same regulariser gradient (deterministic); ZeRO-3 / FSDP sharding is not supported by
-the callback (the probe forward needs whole parameters).
+Under DDP (torchrun / accelerate launch) every rank holds the full parameters, the same
+probe and, after the backward, the all-reduced mean backbone gradient; each computes the
+same regulariser gradient and rank 0's copy is broadcast (as are rank 0's projected
+weights), so lambda grad R enters once per optimizer step, not once per rank (tested:
+2 CPU ranks equal 1 process, ``tests/test_trl_ddp.py``). FSDP and DeepSpeed are refused
+with one line (``refuse_sharded_engines``): see docs/distributed.md.
 
 Differences from the hf loop, by design of TRL: the data order is TRL's seeded sampler,
 TRL scores log-probs of temperature-scaled logits, and checkpoints / ``--resume`` use
@@ -30,7 +33,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +126,11 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
                 self.probe_bs,
                 at=before,
             ).R
+            # every rank computed the same lambda grad R on the same probe and weights; rank
+            # 0's copy is made everyone's, so kernels that are not bit-deterministic (CUDA
+            # atomics) cannot let the replicas drift. The backbone part is already the
+            # all-reduced mean, so the regulariser is counted once, not once per rank.
+            _same_on_every_rank([p.grad for p in self.params if p.grad is not None])
         self.pending.update(r_regularizer=reg_R, regularizer_s=time.perf_counter() - t)
         if not finite_params(self.params):
             raise CdscopeError(
@@ -142,6 +150,8 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
             )  # fmt: skip
         else:
             proj = ProjectionResult(0, after, after, 0.0)
+        if _world_size() > 1 and _from_rank_zero(proj.iterations):
+            _same_on_every_rank([p.data for p in self.params])  # rank 0's projected weights
         self.carried = proj.after
         self.pending.update(
             step=state.global_step + 1,
@@ -170,6 +180,40 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
                 Path(self.inputs.cfg.out_dir) / LOG_NAME,
                 self.inputs.metadata,
             )
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _from_rank_zero(value: int) -> int:
+    """Rank 0's ``value`` on every rank (one collective, called by every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    box = torch.tensor([value], dtype=torch.long, device=_collective_device())
+    dist.broadcast(box, src=0)
+    return int(box.item())
+
+
+def _collective_device() -> Any:
+    import torch
+    import torch.distributed as dist
+
+    return (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
+
+
+def _same_on_every_rank(tensors: list) -> None:
+    """Overwrite ``tensors`` (same shapes on every rank) with rank 0's values, in place."""
+    import torch.distributed as dist
+
+    if _world_size() > 1:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
 
 
 class RewardRecorder:
@@ -265,10 +309,39 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         raise CdscopeError(f"TRL GRPOConfig refused the settings: {exc}") from exc
 
 
+def refuse_sharded_engines(trainer: Any) -> None:
+    """One line instead of a wrong gradient: FSDP and DeepSpeed are not supported (yet).
+
+    The callback adds lambda grad R to each parameter's ``.grad`` and runs the probe
+    through the backbone and the output head separately. Under FSDP the parameters are
+    shards (the probe forward would see DTensor shards outside the root's all-gather, and
+    autograd would not reach the sharded parameters); DeepSpeed keeps gradients in its own
+    partitioned buffers (ZeRO-2/3) and steps from them, so ``.grad`` is not what it applies.
+    """
+    engine = (
+        "FSDP" if getattr(trainer, "is_fsdp_enabled", False)
+        else "DeepSpeed" if getattr(trainer, "is_deepspeed_enabled", False)
+        else None
+    )  # fmt: skip
+    if engine is not None:
+        raise CdscopeError(
+            f"--backend trl under {engine}: the CD-RFT callback needs whole parameters and "
+            "plain .grad tensors; launch with DDP (docs/accelerate/ddp.yaml or torchrun) instead"
+        )
+
+
 def train_with_trl(
-    inputs: TrainInputs, resume: bool = False, console: Console | None = None, **overrides: Any
+    inputs: TrainInputs,
+    resume: bool = False,
+    console: Console | None = None,
+    rollout_func: Callable[[list, Any], dict] | None = None,
+    **overrides: Any,
 ) -> TrainResult:
-    """Run ``inputs.cfg`` through ``GRPOTrainer`` with the CD-RFT callback."""
+    """Run ``inputs.cfg`` through ``GRPOTrainer`` with the CD-RFT callback.
+
+    ``rollout_func``: TRL's (experimental) custom rollouts, ``(prompts, trainer) -> {prompt_ids,
+    completion_ids, logprobs}`` — an environment, a generation server, or a seeded sampler.
+    """
     require_trl()
     from datasets import Dataset
 
@@ -292,7 +365,9 @@ def train_with_trl(
             train_dataset=dataset,
             processing_class=inputs.tokenizer,
             callbacks=[callback],
+            rollout_func=rollout_func,
         )
+        refuse_sharded_engines(trainer)
         trainer.remove_callback(PrinterCallback)  # the per-step table goes to the log instead
         dim(console, f"TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}")
         trainer.train(resume_from_checkpoint=True if resume else None)

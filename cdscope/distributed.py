@@ -1,0 +1,169 @@
+"""Running under a torch.distributed launcher (torchrun, accelerate launch, srun + torchrun).
+
+cdscope schedules nothing itself: the launcher starts one process per rank and sets
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. This module
+reads that environment, joins the process group (gloo on CPU, nccl on CUDA; with a
+timeout, ``$CDSCOPE_DIST_TIMEOUT_S``, default 3600 s, so a lost rank cannot hang the
+others forever) and offers the three collectives the data-parallel audit needs:
+
+- ``share(items)``: this rank's round-robin share ``items[rank::world_size]``;
+- ``gather_status(status)``: every rank's status object, on every rank, so a failure on
+  one rank is known to all after the same round and all exit with the same line;
+- ``from_main(value)``: rank 0's value on every rank (rank 0 alone reads ``--resume``
+  state, so the output folder need only exist where rank 0 runs).
+
+Only rank 0 writes files and talks; the other ranks end their command with
+``WorkerDone`` once their share is gathered (the CLI turns it into a silent exit 0).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+from cdscope.errors import CdscopeError
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+class WorkerDone(Exception):  # noqa: N818 - a signal, not an error
+    """Raised on ranks > 0 after their share of the work is gathered to rank 0."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process stands in a launch: ``world_size`` 1 when not launched."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise CdscopeError(
+            f"${name} must be an integer (set by the launcher); got {raw!r}"
+        ) from None
+
+
+def launch_env() -> Launch:
+    """The launch this process belongs to, from the launcher's environment variables."""
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    if world < 1 or not 0 <= rank < world:
+        raise CdscopeError(f"inconsistent launcher environment: RANK={rank}, WORLD_SIZE={world}")
+    return Launch(rank, world, _env_int("LOCAL_RANK", rank))
+
+
+def is_main_process() -> bool:
+    """True on rank 0 and in any process not started by a launcher."""
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+def timeout_s() -> float:
+    raw = os.environ.get("CDSCOPE_DIST_TIMEOUT_S", "")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise CdscopeError(f"$CDSCOPE_DIST_TIMEOUT_S must be seconds; got {raw!r}") from None
+    if value <= 0:
+        raise CdscopeError(f"$CDSCOPE_DIST_TIMEOUT_S must be positive; got {raw!r}")
+    return value
+
+
+@contextmanager
+def process_group(launch: Launch, device_type: str) -> Iterator[None]:
+    """Inside: the launcher's process group, joined (and destroyed on exit if made here).
+
+    Backend: nccl when the rank computes on CUDA (its device is ``cuda:LOCAL_RANK``), else
+    gloo. A group that already exists (e.g. made by accelerate) is used as it is.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise CdscopeError(
+            f"WORLD_SIZE={launch.world_size} but ${', $'.join(missing)} is unset: "
+            "start the run with torchrun or accelerate launch"
+        )
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(launch.local_rank)
+    dist.init_process_group(
+        backend,
+        rank=launch.rank,
+        world_size=launch.world_size,
+        timeout=timedelta(seconds=timeout_s()),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def share(items: Sequence[T], launch: Launch) -> list[T]:
+    """This rank's round-robin share: items ``rank, rank + W, rank + 2W, ...``."""
+    return list(items[launch.rank :: launch.world_size])
+
+
+def gather_status(status: object, launch: Launch) -> list[object]:
+    """Every rank's ``status`` (picklable), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    statuses: list[object] = [None] * launch.world_size
+    dist.all_gather_object(statuses, status)
+    return statuses
+
+
+def from_main(value: T, launch: Launch) -> T:
+    """Rank 0's ``value`` (picklable) on every rank."""
+    import torch.distributed as dist
+
+    box = [value if launch.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]  # type: ignore[return-value]
+
+
+def rank_device(device: str) -> str:
+    """``--device`` for this rank: under a launcher, ``auto`` / ``cuda`` on a CUDA machine
+    mean the rank's own GPU, ``cuda:LOCAL_RANK`` (one process per GPU, as torchrun starts them)."""
+    import torch
+
+    launch = launch_env()
+    if launch.active and device in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{launch.local_rank % torch.cuda.device_count()}"
+    return device
+
+
+def single_process_only(command: str) -> None:
+    """Refuse to run ``command`` under a launcher: it does not split its work across ranks,
+    so every rank would repeat all of it and race to write the same files."""
+    launch = launch_env()
+    if launch.active:
+        raise CdscopeError(
+            f"{command} runs in one process but was launched with WORLD_SIZE={launch.world_size}; "
+            "run it without torchrun/accelerate launch (data-parallel: probe, bshared, acg, "
+            "decompose; distributed training: train --backend trl)"
+        )

@@ -2,8 +2,9 @@
 
 A pool file is JSONL, one object per line with at least ``id``, ``family``, ``prompt``
 and ``target`` (strings); ``source`` is recommended, other keys are kept as extras.
-The shipped pools live in the repository's ``probes/`` folder (``$CDSCOPE_PROBES``
-overrides it); users pass their own files with ``--probe``.
+The shipped pools are package data in ``cdscope/data/probes/`` (``$CDSCOPE_PROBES``
+overrides the folder; ``probes/build_pools.py`` in the repository builds them); users
+pass their own files with ``--probe``.
 
 A probe seed ``s`` draws ``n`` items per family without replacement, deterministically
 from ``s`` and the family name alone (items are ordered by id first), so the same seed
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ import numpy as np
 
 from cdscope.errors import CdscopeError
 from cdscope.io import json_record
+from cdscope.resources import shipped_data_dir
 
 REQUIRED_KEYS = ("id", "family", "prompt", "target")
 
@@ -63,9 +64,8 @@ class ProbePool:
 
 
 def default_probe_dir() -> Path:
-    """The shipped pools: ``$CDSCOPE_PROBES`` or the repository's ``probes/`` folder."""
-    env = os.environ.get("CDSCOPE_PROBES")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "probes"
+    """The shipped pools: ``$CDSCOPE_PROBES`` or the package's ``data/probes/`` folder."""
+    return shipped_data_dir("probes", "CDSCOPE_PROBES")
 
 
 def default_pool_paths() -> list[Path]:

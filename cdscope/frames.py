@@ -60,9 +60,22 @@ class ProbeSettings:
 
 @dataclass(frozen=True)
 class ModelOptions:
+    """How to load each model (``cdscope.models.load_model``'s keyword arguments)."""
+
     device: str = "auto"
     dtype: str = "auto"
     attn: str = "auto"
+    revision: str | None = None  # hub branch / tag / commit (hub ids only)
+    trust_remote_code: bool = False  # run the model repository's own code (hub/local dirs)
+
+    def load_kwargs(self) -> dict:
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "attn": self.attn,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+        }
 
 
 def control_matrices(

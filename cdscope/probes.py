@@ -81,7 +81,20 @@ def default_pool_paths() -> list[Path]:
 
 def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
     where = f"{path}:{lineno}"
-    record = json_record(line, where, REQUIRED_KEYS)
+    return parse_record(json_record(line, where, REQUIRED_KEYS), where)
+
+
+def parse_record(record: object, where: str) -> ProbeItem:
+    """One pool object (a JSONL line's or a caller's dict) -> a ProbeItem, or a one-line
+    CdscopeError starting with ``where``."""
+    if not isinstance(record, dict):
+        raise CdscopeError(f"{where}: expected a dict, got {type(record).__name__}")
+    missing = [key for key in REQUIRED_KEYS if key not in record]
+    if missing:
+        raise CdscopeError(
+            f"{where}: missing key(s) {', '.join(missing)} (a probe item needs "
+            f"{', '.join(REQUIRED_KEYS)}; 'target' is the verified-correct answer)"
+        )
     for key in REQUIRED_KEYS:
         if not isinstance(record[key], str) or not record[key]:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
@@ -99,8 +112,7 @@ def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
 def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
     """Read and validate pool files (default: the shipped pools). Errors name file:line."""
     resolved = [Path(p) for p in paths] if paths else default_pool_paths()
-    items: dict[str, ProbeItem] = {}
-    first_seen: dict[str, str] = {}
+    parsed: list[tuple[ProbeItem, str]] = []
     for path in resolved:
         if not path.is_file():
             raise CdscopeError(f"probe file not found: {path}")
@@ -108,20 +120,37 @@ def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise CdscopeError(f"cannot read probe file {path}: {exc}") from exc
-        count = 0
+        count = len(parsed)
         for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            item = _parse_line(path, lineno, line)
-            if item.id in items:
-                raise CdscopeError(
-                    f"{path}:{lineno}: duplicate id {item.id!r} (first at {first_seen[item.id]})"
-                )
-            items[item.id] = item
-            first_seen[item.id] = f"{path}:{lineno}"
-            count += 1
-        if count == 0:
+            if line.strip():
+                parsed.append((_parse_line(path, lineno, line), f"{path}:{lineno}"))
+        if len(parsed) == count:
             raise CdscopeError(f"probe file {path} has no items (an empty family cannot be probed)")
+    return _pool(parsed, tuple(str(p) for p in resolved))
+
+
+def pool_from_records(records: Sequence[object], name: str = "records") -> ProbePool:
+    """A pool from in-memory dicts (same keys and checks as a pool file's lines).
+
+    Errors name the record: ``records[3]: missing key(s) target ...``.
+    """
+    if len(records) == 0:
+        raise CdscopeError(f"{name}: no probe items (an empty pool cannot be probed)")
+    parsed = [(parse_record(r, f"{name}[{i}]"), f"{name}[{i}]") for i, r in enumerate(records)]
+    return _pool(parsed, (f"<{name}>",))
+
+
+def _pool(parsed: list[tuple[ProbeItem, str]], paths: tuple[str, ...]) -> ProbePool:
+    """Group checked items by family (sorted), refusing duplicate ids."""
+    items: dict[str, ProbeItem] = {}
+    first_seen: dict[str, str] = {}
+    for item, where in parsed:
+        if item.id in items:
+            raise CdscopeError(
+                f"{where}: duplicate id {item.id!r} (first at {first_seen[item.id]})"
+            )
+        items[item.id] = item
+        first_seen[item.id] = where
     by_family: dict[str, list[ProbeItem]] = {}
     for item in items.values():
         by_family.setdefault(item.family, []).append(item)
@@ -129,7 +158,7 @@ def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
         family: tuple(sorted(by_family[family], key=lambda it: it.id))
         for family in sorted(by_family)
     }
-    return ProbePool(ordered, tuple(str(p) for p in resolved))
+    return ProbePool(ordered, paths)
 
 
 def _family_rng(seed: int, family: str) -> np.random.Generator:

@@ -74,10 +74,6 @@ def _run_audit_command(
         err_console,
         explicit,
     )
-    if result.per_seed.empty:
-        raise CdscopeError(
-            "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
-        )
     outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
@@ -149,6 +145,7 @@ def bshared(
     Reports mean ± SE over seeds (in %), R(C), and with several models the same-seed
     paired differences against the first model (mean ± SE, negatives, 95% t-interval).
     """
+    from cdscope.commands.audit import draw_audit
     from cdscope.errors import AuditFailed
 
     spec, result, outputs = _run_audit_command(
@@ -169,7 +166,7 @@ def bshared(
         attn,
     )
     if plot is not None:
-        _draw_audit("bshared", plot, result)
+        draw_audit(plot, result)
     failed = []
     if fail_above is not None:
         means = result.summary[result.summary["measure"] == "B_shared_C"]
@@ -181,20 +178,6 @@ def bshared(
     _report("bshared", spec, result, outputs, as_json, {"fail_above": fail_above, "failed": failed})
     if failed:
         raise AuditFailed(f"mean B_shared(C) above {fail_above}%: {', '.join(failed)}")
-
-
-def _draw_audit(command: str, plot: Path, result) -> None:  # noqa: ANN001
-    """The figure of each audit command."""
-    from cdscope.plots import plot_audit, plot_decompose
-
-    if command == "decompose":
-        plot_decompose(plot, result.per_seed, result.summary)
-        return
-    measures, title = {
-        "bshared": (["B_shared_C"], "B_shared(C)"),
-        "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
-    }[command]
-    plot_audit(plot, title, result.per_seed, result.summary, result.paired, measures)
 
 
 def _register_audit_command(command: str, doc: str) -> None:
@@ -226,7 +209,9 @@ def _register_audit_command(command: str, doc: str) -> None:
             batch_size, device, dtype, attn,
         )  # fmt: skip
         if plot is not None:
-            _draw_audit(command, plot, result)
+            from cdscope.commands.audit import draw_audit
+
+            draw_audit(plot, result)
         _report(command, spec, result, outputs, as_json)
 
     audit_command.__doc__ = doc
@@ -287,58 +272,20 @@ def random_ref(
     """
     import json
 
-    import pandas as pd
-
+    from cdscope.commands.random_ref import draw_random_reference, random_reference_result
     from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
     from cdscope.render import random_ref_table
-    from cdscope.spectral import random_reference
 
-    if families < 2:
-        raise CdscopeError(
-            f"--families must be at least 2 (B_shared of one row is always 1); got {families}"
-        )
-    if trials < 1:
-        raise CdscopeError(f"--trials must be at least 1; got {trials}")
-    if value is not None and not 0 < value <= 100:
-        raise CdscopeError(f"--value is a percentage in (0, 100]; got {value}")
-    if gates is None:
-        if model is None:
-            raise CdscopeError("give --gates K, or --model to take K from a model")
-        from cdscope.models.loading import model_gate_count
-
-        gates = model_gate_count(model)
-    if gates < 1:
-        raise CdscopeError(f"--gates must be at least 1; got {gates}")
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
-    ref = random_reference(families, gates, trials, seed)
-    fraction = None if value is None else value / 100
-    percentile = None if fraction is None else ref.percentile_of(fraction)
-    stats = {
-        "M": families,
-        "K": gates,
-        "trials": trials,
-        "seed": seed,
-        "mean": ref.mean,
-        "std": ref.std,
-        "p95": ref.p95,
-        "p99": ref.p99,
-        "value": fraction,
-        "percentile": percentile,
-        "model": model,
-    }
-    write_parquet(
-        pd.DataFrame({"trial": range(trials), "B_shared": ref.samples}),
-        target,
-        run_metadata("random-ref", **stats),
+    result = random_reference_result(
+        families, gates, trials, seed, None if value is None else value / 100, model
     )
+    stats = result.stats
+    write_parquet(result.frame, target, run_metadata("random-ref", **stats))
     if plot is not None:
-        from cdscope.plots import plot_random_reference
-
-        plot_random_reference(
-            plot, ref.samples, families, gates, ref.p95, ref.p99, fraction, percentile
-        )
+        draw_random_reference(plot, result)
     if as_json:
         typer.echo(json.dumps(stats))
     else:

@@ -305,7 +305,7 @@ def run_eap_info(
     with Progress(*columns, console=console, transient=True) as progress:
         loaded = []
         for spec in specs:
-            loaded.append(load_model(spec, options.device, options.dtype, options.attn, console))
+            loaded.append(load_model(spec, console=console, **options.load_kwargs()))
         _check_compatible(loaded)
         answers = [answer(lm, items, settings, progress) for lm in loaded]
         common = [it.id for it in items if all(it.id in a.items for a in answers)]

@@ -250,7 +250,7 @@ def evaluate(
                 continue
             progress.update(bar, description=f"loading {spec}")
             t_model = time.perf_counter()
-            loaded = load_model(spec, options.device, options.dtype, options.attn, console=console)
+            loaded = load_model(spec, console=console, **options.load_kwargs())
             metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
                 dict(name=spec, source=loaded.source, revision=loaded.revision)
             ]

@@ -105,20 +105,27 @@ def _resume_state(out: Path, metadata: dict) -> tuple[pd.DataFrame, list[dict]]:
 
 
 def collect_control(
-    model_specs: Sequence[str],
+    model_specs: Sequence[str | LoadedModel],
     pool: ProbePool,
     settings: ProbeSettings,
-    out: Path,
+    out: Path | None,
     options: ModelOptions = ModelOptions(),
     resume: bool = False,
     console: Console | None = None,
     command: str = "probe",
     on_result: Callable[[str, int, ControlResult], None] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Measure every (model, seed); write ``out`` after each; return (frame, metadata)."""
+    """Measure every (model, seed); write ``out`` (if given) after each; return (frame, metadata).
+
+    A model is a spec for ``load_model`` or an already-loaded ``LoadedModel`` (the
+    Python API); rows are labelled with the spec or ``LoadedModel.name``.
+    """
     console = console or Console(stderr=True)
-    if len(set(model_specs)) != len(model_specs):
-        raise CdscopeError("the same --model is given twice")
+    names = [m.name if isinstance(m, LoadedModel) else m for m in model_specs]
+    if len(set(names)) != len(names):
+        raise CdscopeError(
+            "the same --model is given twice (in Python: give each model its own name=)"
+        )
     metadata = run_metadata(
         command,
         probe_hash=pool.hash,
@@ -133,7 +140,7 @@ def collect_control(
     )
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
-    if resume and out.is_file():
+    if resume and out is not None and out.is_file():
         previous, metadata["models"] = _resume_state(out, metadata)
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
@@ -151,12 +158,16 @@ def collect_control(
         task = progress.add_task(
             "probing", total=len(model_specs) * len(settings.seeds), completed=len(done)
         )
-        for spec in model_specs:
+        for given, spec in zip(model_specs, names, strict=True):
             todo = [s for s in settings.seeds if (spec, s) not in done]
             if not todo:
                 continue
             progress.update(task, description=f"loading {spec}")
-            loaded = load_model(spec, options.device, options.dtype, options.attn, console=console)
+            loaded = (
+                given
+                if isinstance(given, LoadedModel)
+                else load_model(spec, console=console, **options.load_kwargs())
+            )
             with GatedModel(loaded.model) as gm:
                 record = model_record(loaded, gm)
                 metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [record]
@@ -170,7 +181,8 @@ def collect_control(
                             "(|l_m| < 1e-4 cannot be normalised)"
                         )
                     frames.append(result_frame(spec, seed, result))
-                    write_parquet(pd.concat(frames, ignore_index=True), out, metadata)
+                    if out is not None:
+                        write_parquet(pd.concat(frames, ignore_index=True), out, metadata)
                     if on_result is not None:
                         on_result(spec, seed, result)
                     progress.advance(task)

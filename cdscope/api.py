@@ -17,6 +17,7 @@ reference (SPEC §3-4); same-seed paired differences (SPEC §4). A wrong input r
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,7 +188,7 @@ def measure(
 
     given = list(model) if isinstance(model, list | tuple) else [model]
     models = [load_model(m) for m in given]
-    if isinstance(seeds, int):
+    if isinstance(seeds, numbers.Integral):
         if seeds < 1:
             raise CdscopeError(f"seeds must be at least 1, got {seeds}")
         seeds = range(seeds)

@@ -21,10 +21,13 @@ from cdscope.cli.common import (
     PlotOpt,
     ProbeOpt,
     ResumeOpt,
+    RevisionOpt,
+    TrustRemoteCodeOpt,
     _models,
     app,
     err_console,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.errors import CdscopeError
@@ -46,6 +49,8 @@ def _run_audit_command(
     device: str,
     dtype: str,
     attn: str,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
@@ -69,7 +74,7 @@ def _run_audit_command(
         from_path,
         settings,
         probe,
-        ModelOptions(device, dtype, attn),
+        ModelOptions(device, dtype, attn, revision, trust_remote_code),
         resume,
         err_console,
         explicit,
@@ -85,22 +90,18 @@ def _run_audit_command(
 def _report(
     command: str, spec, result, outputs: dict, as_json: bool, extra: dict | None = None
 ) -> None:  # noqa: ANN001
-    import json
-
     from cdscope.render import audit_table, per_seed_table
 
     if as_json:
-        payload = {
-            "command": command,
-            "models": list(dict.fromkeys(result.per_seed["model"])),
-            "summary": result.summary.to_dict(orient="records"),
-            "paired": result.paired.to_dict(orient="records"),
-            "per_seed": result.per_seed.to_dict(orient="records"),
-            "refused_pairs": result.skipped_pairs,
-            "outputs": outputs,
+        tables = {"summary": result.summary, "paired": result.paired, "per_seed": result.per_seed}
+        print_json(
+            command,
+            tables,
+            models=list(dict.fromkeys(result.per_seed["model"])),
+            refused_pairs=result.skipped_pairs,
+            outputs=outputs,
             **(extra or {}),
-        }
-        typer.echo(json.dumps(payload, default=float, allow_nan=True))
+        )
     else:
         out_console.print(
             per_seed_table(result.per_seed, spec.headline, f"{spec.headline} per seed (%)")
@@ -139,6 +140,8 @@ def bshared(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
 ) -> None:
     """Shared control bottleneck B_shared(C) = lambda_1 / tr(C C^T) per model and seed (SPEC §3).
 
@@ -164,6 +167,8 @@ def bshared(
         device,
         dtype,
         attn,
+        revision,
+        trust_remote_code,
     )
     if plot is not None:
         draw_audit(plot, result)
@@ -203,10 +208,12 @@ def _register_audit_command(command: str, doc: str) -> None:
         device: DeviceOpt = "auto",
         dtype: DtypeOpt = "auto",
         attn: AttnOpt = "auto",
+        revision: RevisionOpt = None,
+        trust_remote_code: TrustRemoteCodeOpt = False,
     ) -> None:
         spec, result, outputs = _run_audit_command(
             command, model, seeds, n, probe, template, out, plot, as_json, from_path, resume,
-            batch_size, device, dtype, attn,
+            batch_size, device, dtype, attn, revision, trust_remote_code,
         )  # fmt: skip
         if plot is not None:
             from cdscope.commands.audit import draw_audit
@@ -270,8 +277,6 @@ def random_ref(
     The 1/M lower bound is not what a random matrix gives: compare a measured value
     with this reference (mean, std, p95, p99, and the value's percentile).
     """
-    import json
-
     from cdscope.commands.random_ref import draw_random_reference, random_reference_result
     from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
     from cdscope.render import random_ref_table
@@ -287,7 +292,7 @@ def random_ref(
     if plot is not None:
         draw_random_reference(plot, result)
     if as_json:
-        typer.echo(json.dumps(stats))
+        print_json("random-ref", {}, **stats, outputs={"samples": str(target)})
     else:
         out_console.print(random_ref_table(stats))
     err_console.print(

@@ -39,7 +39,7 @@ def user_errors(func: F) -> F:
     def wrapper(*args: object, **kwargs: object) -> object:
         _quiet_libraries()
         try:
-            return func(*args, **kwargs)
+            return _loud_on_failure(func)(*args, **kwargs)
         except CdscopeError as exc:
             err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
@@ -55,6 +55,20 @@ def user_errors(func: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _loud_on_failure(func: F) -> F:
+    """``--quiet`` silences progress and notes, never the reason a command failed."""
+
+    @functools.wraps(func)
+    def inner(*args: object, **kwargs: object) -> object:
+        try:
+            return func(*args, **kwargs)
+        except BaseException:
+            err_console.quiet = False
+            raise
+
+    return inner  # type: ignore[return-value]
 
 
 def _quiet_libraries() -> None:
@@ -130,6 +144,18 @@ def _root(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="No progress bars or notes on stderr (errors still print)."
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="Let transformers/hub logs and download bars through."
+        ),
+    ] = False,
 ) -> None:
     """Gated sublayer control diagnostics for RL post-training of language models.
 
@@ -137,6 +163,13 @@ def _root(
     default smollm2-135m) and the shipped probe pools, and writes Parquet that loads in
     pandas. Exit codes: 0 ok, 1 failed audit threshold, 2 bad input.
     """
+    if quiet and verbose:
+        err_console.print("[bold red]error:[/bold red] --quiet and --verbose exclude each other")
+        raise typer.Exit(2)
+    err_console.quiet = quiet
+    if verbose:  # before _quiet_libraries' setdefaults, which then keep these
+        os.environ["TRANSFORMERS_VERBOSITY"] = "info"
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
 
 
 def _models(model: list[str] | None) -> list[str]:
@@ -172,3 +205,38 @@ AuditTemplateOpt = Annotated[
     str | None,
     typer.Option("--template", "-t", help="Prompt template: plain | chat [default: plain]."),
 ]
+RevisionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--revision",
+        help="Hub branch, tag or commit of every --model that is a hub id (the commit hash "
+        "loaded is recorded in the output metadata).",
+    ),
+]
+TrustRemoteCodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Allow a hub repository or model directory to run its own modelling code.",
+    ),
+]
+
+
+def print_json(command: str, tables: dict[str, object], **extra: object) -> None:
+    """``--json``: one JSON object on stdout; each DataFrame becomes a list of row records."""
+    import json
+
+    payload: dict[str, object] = {"command": command}
+    for name, table in tables.items():
+        to_dict = getattr(table, "to_dict", None)
+        payload[name] = to_dict(orient="records") if to_dict else table
+    payload.update(extra)
+    typer.echo(json.dumps(payload, default=_jsonable, allow_nan=True))
+
+
+def _jsonable(value: object) -> object:
+    """numpy scalars and arrays, paths, timestamps: as JSON numbers, lists and strings."""
+    for method in ("item", "tolist"):
+        if hasattr(value, method):
+            return getattr(value, method)()
+    return str(value)

@@ -12,11 +12,15 @@ from cdscope.cli.common import (
     BatchOpt,
     DeviceOpt,
     DtypeOpt,
+    JsonOpt,
     PlotOpt,
     ProbeOpt,
+    RevisionOpt,
+    TrustRemoteCodeOpt,
     app,
     err_console,
     out_console,
+    print_json,
     user_errors,
 )
 
@@ -74,6 +78,9 @@ def eap_info(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Edge attribution statistics of verified answers: intensity, information complexity, kurtosis (SPEC §6).
 
@@ -83,7 +90,7 @@ def eap_info(
     --baseline, paired differences model - baseline.
     """
     from cdscope.commands.eap_info import EapSettings, run_eap_info, write_eap_outputs
-    from cdscope.commands.probe import ModelOptions
+    from cdscope.frames import ModelOptions
     from cdscope.io import check_plot_path, check_writable
     from cdscope.probes import load_pool
     from cdscope.render import eap_summary_table
@@ -93,13 +100,20 @@ def eap_info(
     if plot is not None:
         check_plot_path(plot)
     result = run_eap_info(
-        model, baseline, load_pool(probe), settings, ModelOptions(device, dtype, attn), err_console
+        model, baseline, load_pool(probe), settings, ModelOptions(device, dtype, attn, revision, trust_remote_code),
+        err_console,
     )
     if plot is not None:  # first: a failing figure leaves no Parquet behind
         from cdscope.plots import plot_eap
 
         plot_eap(plot, result.graph, result.edges, result.per_sample, result.summary)
     outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})
-    out_console.print(eap_summary_table(result.summary, result.paired, result.metadata["counts"]))
+    if as_json:
+        tables = {"summary": result.summary, "paired": result.paired}
+        print_json("eap-info", tables, counts=result.metadata["counts"], outputs=outputs)
+    else:
+        out_console.print(
+            eap_summary_table(result.summary, result.paired, result.metadata["counts"])
+        )
     for name, path in outputs.items():
         err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)

@@ -14,11 +14,15 @@ from cdscope.cli.common import (
     AttnOpt,
     DeviceOpt,
     DtypeOpt,
+    JsonOpt,
     PlotOpt,
     ResumeOpt,
+    RevisionOpt,
+    TrustRemoteCodeOpt,
     app,
     err_console,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.errors import CdscopeError
@@ -221,6 +225,9 @@ def eval_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Sample n completions per problem, verify them, report unbiased pass@k (SPEC §7).
 
@@ -258,6 +265,8 @@ def eval_command(
         if plot is not None:
             check_plot_path(plot)
     hard_ids = read_hard_ids(hard, loaded_tasks) if hard else None
+    tables: dict[str, pd.DataFrame] = {}  # --json: one object with every table shown
+    outputs: dict[str, str] = {}
     if audit:
         from cdscope.contamination import audit as run_audit
         from cdscope.contamination import items_from_tasks, reference_sets
@@ -265,7 +274,9 @@ def eval_command(
 
         target = check_writable(out / "contamination.parquet")
         frame = run_audit(items_from_tasks(loaded_tasks), reference_sets(audit_train, audit_probe))
-        out_console.print(audit_table(frame))
+        tables["contamination"], outputs["contamination"] = frame, str(target)
+        if not as_json:
+            out_console.print(audit_table(frame))
         metadata = run_metadata(
             "eval --audit",
             task_files=[str(p) for p in task_paths],
@@ -275,6 +286,8 @@ def eval_command(
         write_parquet(frame, target, metadata)
         err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)
     if not run_models:
+        if as_json:
+            print_json("eval", tables, outputs=outputs)
         return
     from cdscope.cli.common import _models
 
@@ -283,13 +296,18 @@ def eval_command(
         loaded_tasks,
         settings,
         out,
-        ModelOptions(device, dtype, attn),
+        ModelOptions(device, dtype, attn, revision, trust_remote_code),
         resume,
         hard_ids,
         err_console,
     )
-    out_console.print(passk_table(result.passk, list(dict.fromkeys(_models(model)))))
-    out_console.print(stats_table(result.stats))
+    if as_json:
+        tables |= {"passk": result.passk, "stats": result.stats}
+        outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
+        print_json("eval", tables, outputs=outputs)
+    else:
+        out_console.print(passk_table(result.passk, list(dict.fromkeys(_models(model)))))
+        out_console.print(stats_table(result.stats))
     if plot is not None:
         from cdscope.plots import plot_passk
 

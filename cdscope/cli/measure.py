@@ -12,16 +12,20 @@ from cdscope.cli.common import (
     BatchOpt,
     DeviceOpt,
     DtypeOpt,
+    JsonOpt,
     ModelOpt,
     NOpt,
     ProbeOpt,
     ResumeOpt,
+    RevisionOpt,
     SeedsOpt,
     TemplateOpt,
+    TrustRemoteCodeOpt,
     _models,
     app,
     err_console,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.errors import CdscopeError
@@ -58,6 +62,9 @@ def probe(
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
     resume: ResumeOpt = False,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Measure the control matrix C, activation matrix F and l_m per family (SPEC §2).
 
@@ -80,12 +87,38 @@ def probe(
         pool,
         settings,
         target,
-        ModelOptions(device, dtype, attn),
+        ModelOptions(device, dtype, attn, revision, trust_remote_code),
         resume,
         err_console,
     )
-    out_console.print(seed_summary_table(frame))
+    if as_json:
+        print_json("probe", {"per_seed": _seed_records(frame)}, outputs={"probe": str(target)})
+    else:
+        out_console.print(seed_summary_table(frame))
     err_console.print(f"[green]wrote[/green] {target} ({len(frame)} rows)", soft_wrap=True)
+
+
+def _seed_records(frame) -> list[dict]:  # noqa: ANN001
+    """``probe --json``: per (model, seed) the table's numbers (fractions), l_m per family."""
+    from cdscope.frames import control_matrices
+    from cdscope.spectral import b_shared
+
+    C, F = control_matrices(frame, "C"), control_matrices(frame, "F")  # noqa: N806
+    records = []
+    for (model, seed), group in frame.groupby(["model", "seed"], sort=False):
+        kept = C.get((model, int(seed)))
+        enough = kept is not None and len(kept[0]) >= 2
+        records.append(
+            {
+                "model": model,
+                "seed": int(seed),
+                "B_shared_C": float(b_shared(kept[1])) if enough else None,
+                "B_shared_F": float(b_shared(F[(model, int(seed))][1])) if enough else None,
+                "ell": group.groupby("family")["ell"].first().to_dict(),
+                "dropped": sorted(group.loc[group["dropped"], "family"].unique()),
+            }
+        )
+    return records
 
 
 def _eps_list(text: str) -> list[float]:
@@ -131,6 +164,7 @@ def gradcheck(
     first_seed: Annotated[
         int, typer.Option("--first-seed", min=0, help="Seeds run first-seed .. first-seed+seeds-1.")
     ] = 0,
+    as_json: JsonOpt = False,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
@@ -162,5 +196,8 @@ def gradcheck(
         richardson_sweep,
         batch_size,
     )
-    out_console.print(gradcheck_table(frame))
+    if as_json:
+        print_json("gradcheck", {"rows": frame}, outputs={"gradcheck": str(target)})
+    else:
+        out_console.print(gradcheck_table(frame))
     err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)

@@ -63,8 +63,11 @@ def _run_audit_command(
         check_plot_path(plot)
     if from_path is not None and resume:
         raise CdscopeError("--resume continues a measurement; it does not apply to --from")
-    settings = ProbeSettings(
-        tuple(range(seeds or 3)), n or 3, template or "plain", "autograd", batch_size
+    settings = ProbeSettings(  # unset options: ProbeSettings' defaults (3 seeds for audits)
+        tuple(range(seeds or 3)),
+        n or ProbeSettings.n,
+        template or ProbeSettings.template,
+        batch_size=batch_size,
     )
     explicit = {"n": n, "template": template}
     result = run_audit(

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from cdscope.errors import CdscopeError
-from cdscope.io import json_record
+from cdscope.io import json_record, require_keys
 from cdscope.resources import shipped_data_dir
 
 REQUIRED_KEYS = ("id", "family", "prompt", "target")
@@ -87,14 +87,8 @@ def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
 def parse_record(record: object, where: str) -> ProbeItem:
     """One pool object (a JSONL line's or a caller's dict) -> a ProbeItem, or a one-line
     CdscopeError starting with ``where``."""
-    if not isinstance(record, dict):
-        raise CdscopeError(f"{where}: expected a dict, got {type(record).__name__}")
-    missing = [key for key in REQUIRED_KEYS if key not in record]
-    if missing:
-        raise CdscopeError(
-            f"{where}: missing key(s) {', '.join(missing)} (a probe item needs "
-            f"{', '.join(REQUIRED_KEYS)}; 'target' is the verified-correct answer)"
-        )
+    need = f"a probe item needs {', '.join(REQUIRED_KEYS)}; 'target' is the verified-correct answer"
+    record = require_keys(record, where, REQUIRED_KEYS, need)
     for key in REQUIRED_KEYS:
         if not isinstance(record[key], str) or not record[key]:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")

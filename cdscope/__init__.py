@@ -56,7 +56,25 @@ _EXPORTS = {
     "ProbePool": "cdscope.probes",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [
+    "AuditResult",
+    "CdscopeError",
+    "LoadedModel",
+    "ProbePool",
+    "RandomReferenceResult",
+    "__version__",
+    "acg",
+    "bshared",
+    "compare",
+    "decompose",
+    "draw_probe",
+    "load_model",
+    "load_pool",
+    "measure",
+    "plot",
+    "random_reference",
+    "read_results",
+]
 
 
 def __getattr__(name: str) -> Any:

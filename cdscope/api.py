@@ -62,7 +62,8 @@ def load_model(
     """
     from torch import nn
 
-    from cdscope.models.loading import LoadedModel, load_model as _load
+    from cdscope.models.loading import LoadedModel
+    from cdscope.models.loading import load_model as _load
 
     if isinstance(model, LoadedModel):
         if tokenizer is not None:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import byte_tokenizer, tiny_model, write_pool
+from conftest import byte_tokenizer, tiny_model
 from typer.testing import CliRunner
 
 import cdscope
@@ -25,6 +25,7 @@ def in_memory():
 
 
 def test_public_names_are_exported() -> None:
+    assert set(cdscope.__all__) == set(cdscope._EXPORTS) | {"__version__"}
     for name in cdscope.__all__:
         assert getattr(cdscope, name) is not None
     assert {"load_model", "measure", "bshared", "compare", "plot"} <= set(cdscope.__all__)
@@ -77,9 +78,11 @@ def test_compare_pairs_seeds_against_the_chosen_reference(
     )  # fmt: skip
     paired = cdscope.compare(frame)
     row = paired[paired["measure"] == "B_shared_C"].iloc[0]
-    wide = cdscope.bshared(frame).per_seed.pivot_table(
-        index=["measure", "seed"], columns="model", values="value"
-    ).loc["B_shared_C"]
+    wide = (
+        cdscope.bshared(frame)
+        .per_seed.pivot_table(index=["measure", "seed"], columns="model", values="value")
+        .loc["B_shared_C"]
+    )
     diff = wide["tiny-b"] - wide["tiny-a"]  # the slow obvious twin
     assert row["model"] == "tiny-b" and row["reference"] == "tiny-a" and row["n"] == 3
     assert row["mean"] == pytest.approx(diff.mean())

@@ -115,4 +115,6 @@ def test_quiet_verbose_and_json(tiny_model_dir, pool_file, tmp_path, monkeypatch
     audit = CliRunner().invoke(app, ["eval", "--audit", "--json", "-o", str(tmp_path / "e")])
     assert audit.exit_code == 0, audit.output
     rows = json.loads(audit.stdout)["contamination"]
-    assert {r["against"] for r in rows} == {"train", "probes"} and all(r["exact"] == 0 for r in rows)
+    assert {r["against"] for r in rows} == {"train", "probes"} and all(
+        r["exact"] == 0 for r in rows
+    )

@@ -23,7 +23,11 @@ def test_every_setting_is_an_option_with_the_dataclass_default_and_help() -> Non
         (option,) = hints[field.name].__metadata__
         # typer reads a leading "--flag" given positionally as the declaration
         assert field.metadata["flag"] in (option.default, *option.param_decls)
-        shown = "" if field.default is None or field.default is False else f" \\[default: {field.default}]"
+        shown = (
+            ""
+            if field.default is None or field.default is False
+            else f" \\[default: {field.default}]"
+        )
         assert option.help == field.metadata["help"] + shown
     help_text = CliRunner().invoke(app, ["train", "--help"]).output
     assert "--trust-remote-code" in help_text and "[default: 0.0]" in help_text  # --beta

@@ -103,7 +103,9 @@ ProbeOpt = Annotated[
 TemplateOpt = Annotated[
     str, typer.Option("--template", "-t", help="Prompt template: plain | chat.")
 ]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA if available, else CPU) | cpu | cuda[:N] | mps.")]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="auto (CUDA if available, else CPU) | cpu | cuda[:N] | mps.")
+]
 DtypeOpt = Annotated[
     str,
     typer.Option(

@@ -100,7 +100,11 @@ def eap_info(
     if plot is not None:
         check_plot_path(plot)
     result = run_eap_info(
-        model, baseline, load_pool(probe), settings, ModelOptions(device, dtype, attn, revision, trust_remote_code),
+        model,
+        baseline,
+        load_pool(probe),
+        settings,
+        ModelOptions(device, dtype, attn, revision, trust_remote_code),
         err_console,
     )
     if plot is not None:  # first: a failing figure leaves no Parquet behind

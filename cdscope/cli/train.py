@@ -22,12 +22,15 @@ if TYPE_CHECKING:
     import pandas as pd
     from rich.table import Table
 
+
 def _opt(name: str) -> Any:
     """The option of TrainConfig field ``name``: flag, help and default from its metadata."""
     spec = _FIELDS[name]
     default = spec.default
     suffix = f" \\[default: {default}]" if default is not None and default is not False else ""
-    return typer.Option(spec.metadata["flag"], help=spec.metadata["help"] + suffix, show_default=False)
+    return typer.Option(
+        spec.metadata["flag"], help=spec.metadata["help"] + suffix, show_default=False
+    )
 
 
 _FIELDS = {f.name: f for f in cli_fields()}

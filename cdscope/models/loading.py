@@ -276,8 +276,12 @@ def _offline_hint() -> str:
     )
     if not offline:
         return ""
-    cache = os.environ.get("TRANSFORMERS_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
-    return f"; offline mode is on (HF_HUB_OFFLINE), so the model must already be cached under {cache}"
+    cache = (
+        os.environ.get("TRANSFORMERS_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    )
+    return (
+        f"; offline mode is on (HF_HUB_OFFLINE), so the model must already be cached under {cache}"
+    )
 
 
 def model_gate_count(spec: str) -> int:

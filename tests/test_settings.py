@@ -52,3 +52,12 @@ def test_explicit_options_win_over_the_preset_which_wins_over_the_defaults(
     assert cfg.lr == PRESETS["cpu-smoke"]["lr"] != TrainConfig().lr  # preset
     assert cfg.beta == TrainConfig().beta and cfg.template == "plain"  # dataclass defaults
     assert cfg.trust_remote_code is False and cfg.device == "auto"
+
+
+def test_probe_options_default_to_probe_settings() -> None:
+    from cdscope.cli import measure
+    from cdscope.frames import ProbeSettings
+
+    parameters = inspect.signature(measure.probe.__wrapped__).parameters
+    for name in ("n", "template", "estimator", "fd_step", "fd_order"):
+        assert parameters[name].default == getattr(ProbeSettings, name), name

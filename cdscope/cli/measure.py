@@ -29,6 +29,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.errors import CdscopeError
+from cdscope.frames import ProbeSettings  # light (no torch): the probe defaults live there
 
 
 @app.command()
@@ -36,9 +37,9 @@ from cdscope.errors import CdscopeError
 def probe(
     model: ModelOpt = None,
     seeds: SeedsOpt = 1,
-    n: NOpt = 3,
+    n: NOpt = ProbeSettings.n,
     probe: ProbeOpt = None,
-    template: TemplateOpt = "plain",
+    template: TemplateOpt = ProbeSettings.template,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
         "results/probe.parquet"
     ),
@@ -47,16 +48,16 @@ def probe(
         typer.Option(
             "--estimator", help="autograd (one backward) | fd (2K gated forwards, slow check)."
         ),
-    ] = "autograd",
+    ] = ProbeSettings.estimator,
     fd_step: Annotated[
         float, typer.Option("--fd-step", help="Gate step h of the fd estimator.")
-    ] = 1e-2,
+    ] = ProbeSettings.fd_step,
     fd_order: Annotated[
         int,
         typer.Option(
             "--fd-order", help="fd stencil: 2 (2K passes, O(h^2)) or 4 (4K passes, O(h^4))."
         ),
-    ] = 2,
+    ] = ProbeSettings.fd_order,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -72,7 +73,7 @@ def probe(
     dl_dg, ell, dropped; run metadata is in the Parquet key-value metadata.
     """
     from cdscope.commands.probe import collect_control
-    from cdscope.frames import ModelOptions, ProbeSettings
+    from cdscope.frames import ModelOptions
     from cdscope.io import check_writable
     from cdscope.probes import load_pool
     from cdscope.render import seed_summary_table

@@ -1,8 +1,91 @@
 """cdscope: gated sublayer control diagnostics for RL post-training of language models.
 
-See ``../shared/SPEC.md`` (mirrored in ``docs/``) for the quantities computed here.
+The public Python API (docs/api.md; SPEC sections cited there)::
+
+    import cdscope
+    model = cdscope.load_model("smollm2-135m")   # id, directory, .gguf, or (model, tokenizer)
+    frame = cdscope.measure(model, seeds=3)      # C, F, l_m per (model, seed, family, gate)
+    result = cdscope.bshared(frame)              # .per_seed / .summary / .paired DataFrames
+
+The names below are imported on first use, so ``import cdscope`` (and the CLI's start)
+stays light; ``from cdscope import *`` and type checkers see them all.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from cdscope.api import (
+        acg,
+        bshared,
+        compare,
+        decompose,
+        draw_probe,
+        load_model,
+        load_pool,
+        measure,
+        plot,
+        random_reference,
+        read_results,
+    )
+    from cdscope.commands.audit import AuditResult
+    from cdscope.commands.random_ref import RandomReferenceResult
+    from cdscope.errors import CdscopeError
+    from cdscope.models.loading import LoadedModel
+    from cdscope.probes import ProbePool
+
+_EXPORTS = {
+    "acg": "cdscope.api",
+    "bshared": "cdscope.api",
+    "compare": "cdscope.api",
+    "decompose": "cdscope.api",
+    "draw_probe": "cdscope.api",
+    "load_model": "cdscope.api",
+    "load_pool": "cdscope.api",
+    "measure": "cdscope.api",
+    "plot": "cdscope.api",
+    "random_reference": "cdscope.api",
+    "read_results": "cdscope.api",
+    "AuditResult": "cdscope.commands.audit",
+    "RandomReferenceResult": "cdscope.commands.random_ref",
+    "CdscopeError": "cdscope.errors",
+    "LoadedModel": "cdscope.models.loading",
+    "ProbePool": "cdscope.probes",
+}
+
+__all__ = [
+    "AuditResult",
+    "CdscopeError",
+    "LoadedModel",
+    "ProbePool",
+    "RandomReferenceResult",
+    "__version__",
+    "acg",
+    "bshared",
+    "compare",
+    "decompose",
+    "draw_probe",
+    "load_model",
+    "load_pool",
+    "measure",
+    "plot",
+    "random_reference",
+    "read_results",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cdscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

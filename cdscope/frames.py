@@ -65,17 +65,30 @@ class ProbeSettings:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """How to load each model: one device, or spread by a ``Placement`` (device map)."""
+    """How to load each model (``cdscope.models.load_model``'s keyword arguments): one
+    device, or spread by a ``Placement`` (device map)."""
 
     device: str = "auto"
     dtype: str = "auto"
     attn: str = "auto"
     placement: Placement | None = None
+    revision: str | None = None  # hub branch / tag / commit (hub ids only)
+    trust_remote_code: bool = False  # run the model repository's own code (hub/local dirs)
+
+    def load_kwargs(self) -> dict:
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "attn": self.attn,
+            "placement": self.placement,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+        }
 
     def load(self, spec: str, console: object | None = None) -> LoadedModel:
         from cdscope.models import load_model
 
-        return load_model(spec, self.device, self.dtype, self.attn, console, self.placement)
+        return load_model(spec, console=console, **self.load_kwargs())
 
 
 def control_matrices(

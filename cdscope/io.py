@@ -131,11 +131,17 @@ def json_record(line: str, where: str, required: Sequence[str]) -> dict:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise CdscopeError(f"{where}: not valid JSON ({exc.msg})") from exc
+    return require_keys(record, where, required)
+
+
+def require_keys(record: object, where: str, required: Sequence[str], need: str = "") -> dict:
+    """``record`` if it is a dict (a JSON object) holding every ``required`` key, else a
+    one-line CdscopeError starting with ``where``; ``need`` replaces the default hint."""
     if not isinstance(record, dict):
         raise CdscopeError(f"{where}: expected a JSON object, got {type(record).__name__}")
     missing = [key for key in required if key not in record]
     if missing:
         raise CdscopeError(
-            f"{where}: missing key(s) {', '.join(missing)} (need {', '.join(required)})"
+            f"{where}: missing key(s) {', '.join(missing)} ({need or 'need ' + ', '.join(required)})"
         )
     return record

@@ -30,9 +30,9 @@ from rich.text import Text
 Part = str | tuple[str, str]
 
 
-def make_console(stderr: bool = True, width: int | None = None) -> Console:
+def make_console(stderr: bool = True, width: int | None = None, quiet: bool = False) -> Console:
     """A console that prints strings as they are (no markup, no emoji codes)."""
-    return Console(stderr=stderr, width=width, markup=False, emoji=False)
+    return Console(stderr=stderr, width=width, markup=False, emoji=False, quiet=quiet)
 
 
 def message(*parts: Part) -> Text:

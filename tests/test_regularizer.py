@@ -3,6 +3,8 @@ R(C(theta)), and the first-order proxies against the exact gradient."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_model, write_pool
@@ -224,9 +226,11 @@ def test_gradcheck_command_on_a_tiny_model(tiny_model_dir, tmp_path) -> None:
         "--eps",
         "0.01,0.001",
     ]
-    result = CliRunner().invoke(app, [*args, "--dtype", "float64", "-o", str(out)])
+    result = CliRunner().invoke(app, [*args, "--dtype", "float64", "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
     frame = pd.read_parquet(out)
+    rows = json.loads(result.stdout)["rows"]  # --json: the table's rows
+    assert [r["cosine"] for r in rows] == frame["cosine"].tolist()
     assert list(zip(frame["estimator"], frame["eps"], strict=True)) == [
         ("proxy", 0.01),
         ("proxy", 0.001),

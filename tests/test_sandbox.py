@@ -120,6 +120,29 @@ def test_minimal_root_hides_the_host_and_is_read_only() -> None:
     assert not Path("/cdscope-sandbox-test").exists()
 
 
+@pytest.mark.skipif(not (LAYERS and LAYERS.mount), reason="no mount namespace here")
+def test_task_data_inside_the_interpreter_prefix_is_masked(monkeypatch) -> None:
+    """cdscope installed where the minimal root binds it (under /usr, or inside the
+    interpreter's prefix as a wheel in a venv is): its task data is still unreadable."""
+    prefix = Path(sb.sandbox_layers().interpreter).absolute().parents[1]
+    if not os.access(prefix, os.W_OK):
+        pytest.skip(f"cannot write into the interpreter's prefix {prefix}")
+    data = Path(tempfile.mkdtemp(prefix="cdscope-test-tasks-", dir=prefix))
+    try:
+        (data / "code.jsonl").write_text('{"tests": "the secret answers"}\n')
+        monkeypatch.setenv("CDSCOPE_TASKS", str(data))
+        program = (
+            "import os\n"
+            f"print(os.path.isdir({str(data)!r}), os.listdir({str(data)!r}))\n"
+            f"open({str(data / 'code.jsonl')!r}).read()\n"
+        )
+        result = run(program, audit_hook=False)
+        assert not result.completed and "No such file" in result.error
+        assert result.stdout.splitlines()[0] == "True []"  # an empty, read-only mask
+    finally:
+        shutil.rmtree(data)
+
+
 def _world_writable_dir() -> Path:
     """A fresh 1777 directory in /tmp: writable by nobody, like /tmp itself."""
     target = Path(tempfile.mkdtemp(prefix="cdscope-attack-", dir="/tmp"))

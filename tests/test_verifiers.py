@@ -18,6 +18,7 @@ from cdscope.tasks.logic import check_shortest_path
 from cdscope.tasks.sandbox import sandbox_available
 
 ROOT = Path(__file__).resolve().parents[1]
+PROBES = ROOT / "cdscope" / "data" / "probes"  # shipped pools (package data)
 
 
 def math_task(answer: str) -> Task:
@@ -134,7 +135,7 @@ def _perturb(task: Task, target: str) -> str:
 
 @pytest.mark.parametrize("family", ["math", "logic"])
 def test_probe_targets_pass_and_perturbed_answers_fail(family: str) -> None:
-    pool = load_pool([ROOT / "probes" / f"{family}.jsonl"])
+    pool = load_pool([PROBES / f"{family}.jsonl"])
     items = pool.by_family[family]
     assert len(items) == 64
     for item in items:
@@ -200,7 +201,7 @@ needs_sandbox = pytest.mark.skipif(not sandbox_available()[0], reason="no sandbo
 
 
 def code_items() -> list:
-    return list(load_pool([ROOT / "probes" / "code.jsonl"]).by_family["code"])
+    return list(load_pool([PROBES / "code.jsonl"]).by_family["code"])
 
 
 def test_code_extraction_stops_and_fences() -> None:

@@ -24,11 +24,14 @@ from cdscope.cli.common import (
     PlotOpt,
     ProbeOpt,
     ResumeOpt,
+    RevisionOpt,
+    TrustRemoteCodeOpt,
     _models,
     app,
     err_console,
     model_options,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.errors import CdscopeError
@@ -61,8 +64,11 @@ def _run_audit_command(
         check_plot_path(plot)
     if from_path is not None and resume:
         raise CdscopeError("--resume continues a measurement; it does not apply to --from")
-    settings = ProbeSettings(
-        tuple(range(seeds or 3)), n or 3, template or "plain", "autograd", batch_size
+    settings = ProbeSettings(  # unset options: ProbeSettings' defaults (3 seeds for audits)
+        tuple(range(seeds or 3)),
+        n or ProbeSettings.n,
+        template or ProbeSettings.template,
+        batch_size=batch_size,
     )
     explicit = {"n": n, "template": template}
     result = run_audit(
@@ -77,10 +83,6 @@ def _run_audit_command(
         err_console,
         explicit,
     )
-    if result.per_seed.empty:
-        raise CdscopeError(
-            "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
-        )
     outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
@@ -92,22 +94,18 @@ def _run_audit_command(
 def _report(
     command: str, spec, result, outputs: dict, as_json: bool, extra: dict | None = None
 ) -> None:  # noqa: ANN001
-    import json
-
     from cdscope.render import audit_table, per_seed_table
 
     if as_json:
-        payload = {
-            "command": command,
-            "models": list(dict.fromkeys(result.per_seed["model"])),
-            "summary": result.summary.to_dict(orient="records"),
-            "paired": result.paired.to_dict(orient="records"),
-            "per_seed": result.per_seed.to_dict(orient="records"),
-            "refused_pairs": result.skipped_pairs,
-            "outputs": outputs,
+        tables = {"summary": result.summary, "paired": result.paired, "per_seed": result.per_seed}
+        print_json(
+            command,
+            tables,
+            models=list(dict.fromkeys(result.per_seed["model"])),
+            refused_pairs=result.skipped_pairs,
+            outputs=outputs,
             **(extra or {}),
-        }
-        typer.echo(json.dumps(payload, default=float, allow_nan=True))
+        )
     else:
         out_console.print(
             per_seed_table(result.per_seed, spec.headline, f"{spec.headline} per seed (%)")
@@ -149,12 +147,15 @@ def bshared(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_dir: OffloadDirOpt = None,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
 ) -> None:
     """Shared control bottleneck B_shared(C) = lambda_1 / tr(C C^T) per model and seed (SPEC §3).
 
     Reports mean ± SE over seeds (in %), R(C), and with several models the same-seed
     paired differences against the first model (mean ± SE, negatives, 95% t-interval).
     """
+    from cdscope.commands.audit import draw_audit
     from cdscope.errors import AuditFailed
 
     spec, result, outputs = _run_audit_command(
@@ -170,10 +171,12 @@ def bshared(
         from_path,
         resume,
         batch_size,
-        model_options(device, dtype, attn, device_map, max_memory, offload_dir),
+        model_options(
+            device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
+        ),
     )
     if plot is not None:
-        _draw_audit("bshared", plot, result)
+        draw_audit(plot, result)
     failed = []
     if fail_above is not None:
         means = result.summary[result.summary["measure"] == "B_shared_C"]
@@ -185,20 +188,6 @@ def bshared(
     _report("bshared", spec, result, outputs, as_json, {"fail_above": fail_above, "failed": failed})
     if failed:
         raise AuditFailed(f"mean B_shared(C) above {fail_above}%: {', '.join(failed)}")
-
-
-def _draw_audit(command: str, plot: Path, result) -> None:  # noqa: ANN001
-    """The figure of each audit command."""
-    from cdscope.plots import plot_audit, plot_decompose
-
-    if command == "decompose":
-        plot_decompose(plot, result.per_seed, result.summary)
-        return
-    measures, title = {
-        "bshared": (["B_shared_C"], "B_shared(C)"),
-        "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
-    }[command]
-    plot_audit(plot, title, result.per_seed, result.summary, result.paired, measures)
 
 
 def _register_audit_command(command: str, doc: str) -> None:
@@ -227,14 +216,20 @@ def _register_audit_command(command: str, doc: str) -> None:
         device_map: DeviceMapOpt = None,
         max_memory: MaxMemoryOpt = None,
         offload_dir: OffloadDirOpt = None,
+        revision: RevisionOpt = None,
+        trust_remote_code: TrustRemoteCodeOpt = False,
     ) -> None:
-        options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
+        options = model_options(
+            device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
+        )
         spec, result, outputs = _run_audit_command(
             command, model, seeds, n, probe, template, out, plot, as_json, from_path, resume,
             batch_size, options,
         )  # fmt: skip
         if plot is not None:
-            _draw_audit(command, plot, result)
+            from cdscope.commands.audit import draw_audit
+
+            draw_audit(plot, result)
         _report(command, spec, result, outputs, as_json)
 
     audit_command.__doc__ = doc
@@ -293,62 +288,22 @@ def random_ref(
     The 1/M lower bound is not what a random matrix gives: compare a measured value
     with this reference (mean, std, p95, p99, and the value's percentile).
     """
-    import json
-
-    import pandas as pd
-
+    from cdscope.commands.random_ref import draw_random_reference, random_reference_result
     from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
     from cdscope.render import random_ref_table
-    from cdscope.spectral import random_reference
 
-    if families < 2:
-        raise CdscopeError(
-            f"--families must be at least 2 (B_shared of one row is always 1); got {families}"
-        )
-    if trials < 1:
-        raise CdscopeError(f"--trials must be at least 1; got {trials}")
-    if value is not None and not 0 < value <= 100:
-        raise CdscopeError(f"--value is a percentage in (0, 100]; got {value}")
-    if gates is None:
-        if model is None:
-            raise CdscopeError("give --gates K, or --model to take K from a model")
-        from cdscope.models.loading import model_gate_count
-
-        gates = model_gate_count(model)
-    if gates < 1:
-        raise CdscopeError(f"--gates must be at least 1; got {gates}")
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
-    ref = random_reference(families, gates, trials, seed)
-    fraction = None if value is None else value / 100
-    percentile = None if fraction is None else ref.percentile_of(fraction)
-    stats = {
-        "M": families,
-        "K": gates,
-        "trials": trials,
-        "seed": seed,
-        "mean": ref.mean,
-        "std": ref.std,
-        "p95": ref.p95,
-        "p99": ref.p99,
-        "value": fraction,
-        "percentile": percentile,
-        "model": model,
-    }
-    write_parquet(
-        pd.DataFrame({"trial": range(trials), "B_shared": ref.samples}),
-        target,
-        run_metadata("random-ref", **stats),
+    result = random_reference_result(
+        families, gates, trials, seed, None if value is None else value / 100, model
     )
+    stats = result.stats
+    write_parquet(result.frame, target, run_metadata("random-ref", **stats))
     if plot is not None:
-        from cdscope.plots import plot_random_reference
-
-        plot_random_reference(
-            plot, ref.samples, families, gates, ref.p95, ref.p99, fraction, percentile
-        )
+        draw_random_reference(plot, result)
     if as_json:
-        typer.echo(json.dumps(stats))
+        print_json("random-ref", {}, **stats, outputs={"samples": str(target)})
     else:
         out_console.print(random_ref_table(stats))
     wrote(err_console, f"{target}" + (f" and {plot}" if plot else ""))

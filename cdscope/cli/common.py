@@ -45,17 +45,20 @@ def user_errors(func: F) -> F:
 
         _quiet_libraries()
         main = is_main_process()  # under torchrun / accelerate launch only rank 0 talks
-        out_console.quiet = err_console.quiet = not main
+        if not main:
+            out_console.quiet = err_console.quiet = True
         try:
             with contextlib.nullcontext() if main else contextlib.redirect_stdout(io.StringIO()):
                 return func(*args, **kwargs)
         except WorkerDone:  # a rank > 0 whose share is gathered: rank 0 writes and reports
             raise typer.Exit(0) from None
         except (CdscopeError, AuditFailed) as exc:
+            err_console.quiet = not main  # --quiet silences progress and notes, never a failure
             label = "error:" if isinstance(exc, CdscopeError) else "audit failed:"
             say(err_console, (label, "bold red"), " ", str(exc))
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
+            err_console.quiet = not main
             warn(err_console, "finished seeds are kept; rerun with --resume", "interrupted:")
             raise typer.Exit(130) from None
 
@@ -94,7 +97,9 @@ ProbeOpt = Annotated[
 TemplateOpt = Annotated[
     str, typer.Option("--template", "-t", help="Prompt template: plain | chat.")
 ]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="auto (CUDA if available, else CPU) | cpu | cuda[:N] | mps.")
+]
 DtypeOpt = Annotated[
     str,
     typer.Option(
@@ -156,6 +161,18 @@ def _root(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="No progress bars or notes on stderr (errors still print)."
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="Let transformers/hub logs and download bars through."
+        ),
+    ] = False,
 ) -> None:
     """Gated sublayer control diagnostics for RL post-training of language models.
 
@@ -163,6 +180,13 @@ def _root(
     default smollm2-135m) and the shipped probe pools, and writes Parquet that loads in
     pandas. Exit codes: 0 ok, 1 failed audit threshold, 2 bad input.
     """
+    if quiet and verbose:
+        say(err_console, ("error:", "bold red"), " --quiet and --verbose exclude each other")
+        raise typer.Exit(2)
+    err_console.quiet = quiet
+    if verbose:  # before _quiet_libraries' setdefaults, which then keep these
+        os.environ["TRANSFORMERS_VERBOSITY"] = "info"
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
 
 
 def model_options(
@@ -172,6 +196,8 @@ def model_options(
     device_map: str | None = None,
     max_memory: str | None = None,
     offload_dir: Path | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ):  # noqa: ANN201 - cdscope.frames.ModelOptions (imported lazily)
     """``ModelOptions`` with the placement options parsed and checked before any load."""
     from cdscope.frames import ModelOptions
@@ -181,7 +207,9 @@ def model_options(
         from cdscope.models.placement import Placement
 
         placement = Placement.from_options(device_map, max_memory, offload_dir)
-    return ModelOptions(device, dtype, attn, placement)
+    return ModelOptions(
+        device, dtype, attn, placement, revision=revision, trust_remote_code=trust_remote_code
+    )
 
 
 def _models(model: list[str] | None) -> list[str]:
@@ -217,3 +245,38 @@ AuditTemplateOpt = Annotated[
     str | None,
     typer.Option("--template", "-t", help="Prompt template: plain | chat [default: plain]."),
 ]
+RevisionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--revision",
+        help="Hub branch, tag or commit of every --model that is a hub id (the commit hash "
+        "loaded is recorded in the output metadata).",
+    ),
+]
+TrustRemoteCodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Allow a hub repository or model directory to run its own modelling code.",
+    ),
+]
+
+
+def print_json(command: str, tables: dict[str, object], **extra: object) -> None:
+    """``--json``: one JSON object on stdout; each DataFrame becomes a list of row records."""
+    import json
+
+    payload: dict[str, object] = {"command": command}
+    for name, table in tables.items():
+        to_dict = getattr(table, "to_dict", None)
+        payload[name] = to_dict(orient="records") if to_dict else table
+    payload.update(extra)
+    typer.echo(json.dumps(payload, default=_jsonable, allow_nan=True))
+
+
+def _jsonable(value: object) -> object:
+    """numpy scalars and arrays, paths, timestamps: as JSON numbers, lists and strings."""
+    for method in ("item", "tolist"):
+        if hasattr(value, method):
+            return getattr(value, method)()
+    return str(value)

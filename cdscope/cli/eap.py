@@ -13,14 +13,18 @@ from cdscope.cli.common import (
     DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    JsonOpt,
     MaxMemoryOpt,
     OffloadDirOpt,
     PlotOpt,
     ProbeOpt,
+    RevisionOpt,
+    TrustRemoteCodeOpt,
     app,
     err_console,
     model_options,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.messages import wrote
@@ -82,6 +86,9 @@ def eap_info(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_dir: OffloadDirOpt = None,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Edge attribution statistics of verified answers: intensity, information complexity, kurtosis (SPEC §6).
 
@@ -96,7 +103,9 @@ def eap_info(
     from cdscope.render import eap_summary_table
 
     settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)
-    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
+    options = model_options(
+        device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
+    )
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
@@ -106,6 +115,12 @@ def eap_info(
 
         plot_eap(plot, result.graph, result.edges, result.per_sample, result.summary)
     outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})
-    out_console.print(eap_summary_table(result.summary, result.paired, result.metadata["counts"]))
+    if as_json:
+        tables = {"summary": result.summary, "paired": result.paired}
+        print_json("eap-info", tables, counts=result.metadata["counts"], outputs=outputs)
+    else:
+        out_console.print(
+            eap_summary_table(result.summary, result.paired, result.metadata["counts"])
+        )
     for name, path in outputs.items():
         wrote(err_console, f"{name}: {path}")

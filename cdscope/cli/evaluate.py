@@ -14,14 +14,18 @@ from cdscope.cli.common import (
     DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    JsonOpt,
     MaxMemoryOpt,
     OffloadDirOpt,
     PlotOpt,
     ResumeOpt,
+    RevisionOpt,
+    TrustRemoteCodeOpt,
     app,
     err_console,
     model_options,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.errors import CdscopeError
@@ -228,6 +232,9 @@ def eval_command(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_dir: OffloadDirOpt = None,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Sample n completions per problem, verify them, report unbiased pass@k (SPEC §7).
 
@@ -239,7 +246,9 @@ def eval_command(
     from cdscope.io import check_plot_path, check_writable
     from cdscope.tasks import default_task_paths, load_tasks
 
-    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
+    options = model_options(
+        device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
+    )
     task_paths = list(tasks) if tasks else default_task_paths("eval")
     loaded_tasks = load_tasks(task_paths)
     settings = EvalSettings(
@@ -265,6 +274,8 @@ def eval_command(
         if plot is not None:
             check_plot_path(plot)
     hard_ids = read_hard_ids(hard, loaded_tasks) if hard else None
+    tables: dict[str, pd.DataFrame] = {}  # --json: one object with every table shown
+    outputs: dict[str, str] = {}
     if audit:
         from cdscope.contamination import audit as run_audit
         from cdscope.contamination import items_from_tasks, reference_sets
@@ -272,7 +283,9 @@ def eval_command(
 
         target = check_writable(out / "contamination.parquet")
         frame = run_audit(items_from_tasks(loaded_tasks), reference_sets(audit_train, audit_probe))
-        out_console.print(audit_table(frame))
+        tables["contamination"], outputs["contamination"] = frame, str(target)
+        if not as_json:
+            out_console.print(audit_table(frame))
         metadata = run_metadata(
             "eval --audit",
             task_files=[str(p) for p in task_paths],
@@ -282,6 +295,8 @@ def eval_command(
         write_parquet(frame, target, metadata)
         wrote(err_console, str(target))
     if not run_models:
+        if as_json:
+            print_json("eval", tables, outputs=outputs)
         return
     from cdscope.cli.common import _models
 
@@ -295,8 +310,13 @@ def eval_command(
         hard_ids,
         err_console,
     )
-    out_console.print(passk_table(result.passk, list(dict.fromkeys(_models(model)))))
-    out_console.print(stats_table(result.stats))
+    if as_json:
+        tables |= {"passk": result.passk, "stats": result.stats}
+        outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
+        print_json("eval", tables, outputs=outputs)
+    else:
+        out_console.print(passk_table(result.passk, list(dict.fromkeys(_models(model)))))
+        out_console.print(stats_table(result.stats))
     if plot is not None:
         from cdscope.plots import plot_passk
 

@@ -13,22 +13,27 @@ from cdscope.cli.common import (
     DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    JsonOpt,
     MaxMemoryOpt,
     ModelOpt,
     NOpt,
     OffloadDirOpt,
     ProbeOpt,
     ResumeOpt,
+    RevisionOpt,
     SeedsOpt,
     TemplateOpt,
+    TrustRemoteCodeOpt,
     _models,
     app,
     err_console,
     model_options,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.errors import CdscopeError
+from cdscope.frames import ProbeSettings  # light (no torch): the probe defaults live there
 from cdscope.messages import wrote
 
 
@@ -37,9 +42,9 @@ from cdscope.messages import wrote
 def probe(
     model: ModelOpt = None,
     seeds: SeedsOpt = 1,
-    n: NOpt = 3,
+    n: NOpt = ProbeSettings.n,
     probe: ProbeOpt = None,
-    template: TemplateOpt = "plain",
+    template: TemplateOpt = ProbeSettings.template,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
         "results/probe.parquet"
     ),
@@ -48,16 +53,16 @@ def probe(
         typer.Option(
             "--estimator", help="autograd (one backward) | fd (2K gated forwards, slow check)."
         ),
-    ] = "autograd",
+    ] = ProbeSettings.estimator,
     fd_step: Annotated[
         float, typer.Option("--fd-step", help="Gate step h of the fd estimator.")
-    ] = 1e-2,
+    ] = ProbeSettings.fd_step,
     fd_order: Annotated[
         int,
         typer.Option(
             "--fd-order", help="fd stencil: 2 (2K passes, O(h^2)) or 4 (4K passes, O(h^4))."
         ),
-    ] = 2,
+    ] = ProbeSettings.fd_order,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -66,6 +71,9 @@ def probe(
     max_memory: MaxMemoryOpt = None,
     offload_dir: OffloadDirOpt = None,
     resume: ResumeOpt = False,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Measure the control matrix C, activation matrix F and l_m per family (SPEC §2).
 
@@ -73,7 +81,6 @@ def probe(
     dl_dg, ell, dropped; run metadata is in the Parquet key-value metadata.
     """
     from cdscope.commands.probe import collect_control
-    from cdscope.frames import ProbeSettings
     from cdscope.io import check_writable
     from cdscope.probes import load_pool
     from cdscope.render import seed_summary_table
@@ -81,7 +88,9 @@ def probe(
     settings = ProbeSettings(
         tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order
     )
-    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
+    options = model_options(
+        device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
+    )
     target = check_writable(out)
     pool = load_pool(probe)
     frame, _ = collect_control(
@@ -93,8 +102,34 @@ def probe(
         resume,
         err_console,
     )
-    out_console.print(seed_summary_table(frame))
+    if as_json:
+        print_json("probe", {"per_seed": _seed_records(frame)}, outputs={"probe": str(target)})
+    else:
+        out_console.print(seed_summary_table(frame))
     wrote(err_console, f"{target} ({len(frame)} rows)")
+
+
+def _seed_records(frame) -> list[dict]:  # noqa: ANN001
+    """``probe --json``: per (model, seed) the table's numbers (fractions), l_m per family."""
+    from cdscope.frames import control_matrices
+    from cdscope.spectral import b_shared
+
+    C, F = control_matrices(frame, "C"), control_matrices(frame, "F")  # noqa: N806
+    records = []
+    for (model, seed), group in frame.groupby(["model", "seed"], sort=False):
+        kept = C.get((model, int(seed)))
+        enough = kept is not None and len(kept[0]) >= 2
+        records.append(
+            {
+                "model": model,
+                "seed": int(seed),
+                "B_shared_C": float(b_shared(kept[1])) if enough else None,
+                "B_shared_F": float(b_shared(F[(model, int(seed))][1])) if enough else None,
+                "ell": group.groupby("family")["ell"].first().to_dict(),
+                "dropped": sorted(group.loc[group["dropped"], "family"].unique()),
+            }
+        )
+    return records
 
 
 def _eps_list(text: str) -> list[float]:
@@ -143,6 +178,7 @@ def gradcheck(
     first_seed: Annotated[
         int, typer.Option("--first-seed", min=0, help="Seeds run first-seed .. first-seed+seeds-1.")
     ] = 0,
+    as_json: JsonOpt = False,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
@@ -176,5 +212,8 @@ def gradcheck(
         batch_size,
         options.placement,
     )
-    out_console.print(gradcheck_table(frame))
+    if as_json:
+        print_json("gradcheck", {"rows": frame}, outputs={"gradcheck": str(target)})
+    else:
+        out_console.print(gradcheck_table(frame))
     wrote(err_console, str(target))

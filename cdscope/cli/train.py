@@ -8,69 +8,67 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cdscope.cli.common import (
-    DeviceOpt,
+    JsonOpt,
     ProbeOpt,
-    TemplateOpt,
     app,
     err_console,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.messages import wrote
-from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR
+from cdscope.train.config import cli_fields
 
 if TYPE_CHECKING:
     import pandas as pd
     from rich.table import Table
 
+
+def _opt(name: str) -> Any:
+    """The option of TrainConfig field ``name``: flag, help and default from its metadata."""
+    spec = _FIELDS[name]
+    default = spec.default
+    suffix = f" [default: {default}]" if default is not None and default is not False else ""
+    return typer.Option(
+        spec.metadata["flag"], help=spec.metadata["help"] + suffix, show_default=False
+    )
+
+
+_FIELDS = {f.name: f for f in cli_fields()}
+Str = str | None
 Int = int | None
 Float = float | None
-
-
-def _opt(flag: str, text: str, default: Any = None) -> Any:
-    suffix = f" [default: {default}]" if default is not None else ""
-    return typer.Option(flag, help=text + suffix, show_default=False)
 
 
 @app.command()
 @user_errors
 def train(
-    model: Annotated[str | None, _opt("--model", "Model to train.", "smollm2-135m")] = None,
+    model: Annotated[Str, _opt("model")] = None,
+    revision: Annotated[Str, _opt("revision")] = None,
+    trust_remote_code: Annotated[bool | None, _opt("trust_remote_code")] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Run folder.")] = Path(
         "runs/train"
     ),
-    steps: Annotated[
-        Int, _opt("--steps", "Optimizer steps (total, also for --resume).", 200)
-    ] = None,
-    prompts_per_step: Annotated[Int, _opt("--prompts-per-step", "Prompts per step.", 8)] = None,
-    group_size: Annotated[Int, _opt("--group-size", "Samples G per prompt.", 4)] = None,
-    max_new_tokens: Annotated[Int, _opt("--max-new-tokens", "Rollout length cap.", 512)] = None,
-    temperature: Annotated[Float, _opt("--temperature", "Rollout temperature.", 0.6)] = None,
-    lr: Annotated[Float, _opt("--lr", "AdamW peak learning rate (cosine decay).", 2e-6)] = None,
-    beta: Annotated[Float, _opt("--beta", "k3 KL coefficient vs the initial model.", 0.0)] = None,
-    regularizer: Annotated[
-        str | None, _opt("--regularizer", "none (GRPO) | cdrft (GRPO + CD-RFT).", "cdrft")
-    ] = None,
-    lam: Annotated[Float, _opt("--lambda", "Regulariser weight lambda.", 1.0)] = None,
-    tau: Annotated[
-        Float,
-        _opt("--tau", "Projection threshold on B_shared, percent, between 100/M and 100.", 70.0),
-    ] = None,
-    k_max: Annotated[Int, _opt("--k-max", "Max projection iterations per step.", 12)] = None,
-    eta_proj: Annotated[Float, _opt("--eta-proj", "Projection step size.", 4e-3)] = None,
-    eps: Annotated[Float, _opt("--eps", "Gate step of the proxy gradient.", DEFAULT_EPS)] = None,
-    estimator: Annotated[
-        str | None,
-        _opt("--estimator", "Regulariser gradient: exact | proxy | richardson.", DEFAULT_ESTIMATOR),
-    ] = None,
-    probe_n: Annotated[Int, _opt("--probe-n", "Probe samples per family.", 3)] = None,
+    steps: Annotated[Int, _opt("steps")] = None,
+    prompts_per_step: Annotated[Int, _opt("prompts_per_step")] = None,
+    group_size: Annotated[Int, _opt("group_size")] = None,
+    max_new_tokens: Annotated[Int, _opt("max_new_tokens")] = None,
+    temperature: Annotated[Float, _opt("temperature")] = None,
+    lr: Annotated[Float, _opt("lr")] = None,
+    beta: Annotated[Float, _opt("beta")] = None,
+    regularizer: Annotated[Str, _opt("regularizer")] = None,
+    lam: Annotated[Float, _opt("lam")] = None,
+    tau: Annotated[Float, _opt("tau")] = None,
+    k_max: Annotated[Int, _opt("k_max")] = None,
+    eta_proj: Annotated[Float, _opt("eta_proj")] = None,
+    eps: Annotated[Float, _opt("eps")] = None,
+    estimator: Annotated[Str, _opt("estimator")] = None,
+    probe_n: Annotated[Int, _opt("probe_n")] = None,
     probe: ProbeOpt = None,
-    template: TemplateOpt = "plain",
-    seed: Annotated[Int, _opt("--seed", "Seed of data order, rollouts and probe.", 0)] = None,
-    save_every: Annotated[Int, _opt("--save-every", "Checkpoint every N steps.", 50)] = None,
-    micro_batch_size: Annotated[
-        Int, _opt("--micro-batch-size", "Completions per backbone forward (memory).", 8)
-    ] = None,
+    template: Annotated[Str, _opt("template")] = None,
+    seed: Annotated[Int, _opt("seed")] = None,
+    save_every: Annotated[Int, _opt("save_every")] = None,
+    micro_batch_size: Annotated[Int, _opt("micro_batch_size")] = None,
     resume: Annotated[
         bool,
         typer.Option("--resume", help="Continue the run in --out-dir from its latest checkpoint."),
@@ -87,9 +85,7 @@ def train(
             "--preset", help="reference (SPEC §5 defaults) | cpu-smoke (a few minutes on CPU)."
         ),
     ] = None,
-    backend: Annotated[
-        str, typer.Option("--backend", help="hf (built-in loop) | trl (GRPOTrainer).")
-    ] = "hf",
+    backend: Annotated[Str, _opt("backend")] = None,
     trl_arg: Annotated[
         list[str] | None,
         typer.Option(
@@ -98,15 +94,9 @@ def train(
             "e.g. use_vllm=true, vllm_mode=server.",
         ),
     ] = None,
-    device: DeviceOpt = "auto",
-    dtype: Annotated[
-        str,
-        typer.Option(
-            "--dtype",
-            help="auto (float32 on every device: bf16 loses AdamW updates and the "
-            "regulariser's gate steps) | float32 | bfloat16 | float64.",
-        ),
-    ] = "auto",
+    device: Annotated[Str, _opt("device")] = None,
+    dtype: Annotated[Str, _opt("dtype")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """GRPO post-training, with (cdrft) or without (none) the CD-RFT regulariser (SPEC §5).
 
@@ -120,24 +110,26 @@ def train(
     from cdscope.commands.train import run_train
     from cdscope.train.config import TrainConfig
 
-    given = {
-        "model": model, "steps": steps, "prompts_per_step": prompts_per_step,
-        "group_size": group_size, "max_new_tokens": max_new_tokens, "temperature": temperature,
-        "lr": lr, "beta": beta, "regularizer": regularizer, "lam": lam, "tau": tau,
-        "k_max": k_max, "eta_proj": eta_proj, "eps": eps, "estimator": estimator,
-        "probe_n": probe_n, "seed": seed, "save_every": save_every,
-        "micro_batch_size": micro_batch_size,
-    }  # fmt: skip
-    explicit: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    given = locals()
+    explicit: dict[str, Any] = {
+        name: given[name] for name in _FIELDS if given[name] is not None
+    }  # unset options keep the preset's or TrainConfig's default
     explicit.update(
-        out_dir=str(out_dir), template=template, backend=backend, device=device, dtype=dtype,
-        tasks=tuple(str(p) for p in tasks or ()), probe_files=tuple(str(p) for p in probe or ()),
-    )  # fmt: skip
+        out_dir=str(out_dir),
+        tasks=tuple(str(p) for p in tasks or ()),
+        probe_files=tuple(str(p) for p in probe or ()),
+    )
     if trl_arg:
         explicit["extra"] = {"trl": _key_values(trl_arg)}
     cfg = TrainConfig().with_preset(preset, explicit)
     result = run_train(cfg, resume=resume, console=err_console)
-    out_console.print(train_table(result.log, cfg.regularizer))
+    if as_json:
+        outputs = {"log": str(result.out_dir / "log.parquet")}
+        if result.final_dir is not None:
+            outputs["final"] = str(result.final_dir)
+        print_json("train", {"log": result.log}, outputs=outputs)
+    else:
+        out_console.print(train_table(result.log, cfg.regularizer))
     wrote(err_console, str(result.out_dir / "log.parquet"))
     if result.final_dir is not None:
         wrote(err_console, str(result.final_dir), "final model")

@@ -73,6 +73,9 @@ AUDITS = {
 
 @dataclass
 class AuditResult:
+    """One audit's tables, each in the schema of the Parquet file the CLI writes."""
+
+    command: str  # bshared | acg | decompose
     per_seed: pd.DataFrame  # model, seed, measure, value
     summary: pd.DataFrame  # model, measure, n_seeds, mean, se
     paired: pd.DataFrame  # model, reference, measure, n, mean, se, n_negative, ci_low, ci_high
@@ -89,12 +92,7 @@ def sibling(out: Path, suffix: str) -> Path:
 def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFrame, dict]:
     """A ``probe`` Parquet for ``--from``: schema and explicitly requested settings checked."""
     frame, metadata = read_parquet(path)
-    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
-    if missing:
-        raise CdscopeError(
-            f"{path} is not a probe file (missing column(s) {', '.join(missing)}); "
-            "pass the .probe.parquet written by probe/bshared/acg/decompose"
-        )
+    check_probe_frame(frame, str(path))
     settings = metadata.get("settings", {})
     for key, wanted in expect.items():
         if wanted is not None and settings.get(key) != wanted:
@@ -215,6 +213,37 @@ def run_audit(
             console,
             spec.command,
         )
+    return evaluate_audit(
+        spec, probe_frame, probe_meta, console, str(from_path) if from_path else "measured", out
+    )
+
+
+def check_probe_frame(frame: object, what: str = "the probe frame") -> pd.DataFrame:
+    """``frame`` must be a DataFrame with the probe schema (FRAME_COLUMNS); one-line refusal."""
+    if not isinstance(frame, pd.DataFrame):
+        raise CdscopeError(
+            f"{what} must be a pandas DataFrame from cdscope.measure, got {type(frame).__name__}"
+        )
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    if missing:
+        raise CdscopeError(
+            f"{what} is not a probe file/frame (missing column(s) {', '.join(missing)}); pass "
+            "the frame cdscope.measure returns or the .probe.parquet of probe/bshared/acg/decompose"
+        )
+    return frame
+
+
+def evaluate_audit(
+    spec: AuditSpec,
+    probe_frame: pd.DataFrame,
+    probe_meta: dict,
+    console: Console,
+    source: str = "measured",
+    out: Path | None = None,
+) -> AuditResult:
+    """Per-seed measures, their summary and paired rows from a probe frame; written
+    (per-seed to ``out``, summary beside it) when ``out`` is given."""
+    check_probe_frame(probe_frame)
     models = list(dict.fromkeys(probe_frame["model"]))
     ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
     skipped: list[str] = []
@@ -229,6 +258,10 @@ def run_audit(
         return False
 
     per_seed = per_seed_frame(probe_frame, spec.measures, console)
+    if per_seed.empty:
+        raise CdscopeError(
+            "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
+        )
     summary = summarize(per_seed)
     paired = paired_against_reference(per_seed, models, skip)
     if skipped:
@@ -240,11 +273,30 @@ def run_audit(
         )
     metadata = run_metadata(
         spec.command,
-        source=str(from_path) if from_path else "measured",
+        source=source,
         probe=probe_meta,
         reference_model=models[0] if models else None,
     )
-    write_parquet(per_seed, out, metadata)
-    both = pd.concat([summary.assign(kind="mean"), paired.assign(kind="paired")], ignore_index=True)
-    write_parquet(both, sibling(out, "summary"), metadata)
-    return AuditResult(per_seed, summary, paired, metadata, probe_frame, sorted(set(skipped)))
+    if out is not None:
+        write_parquet(per_seed, out, metadata)
+        both = pd.concat(
+            [summary.assign(kind="mean"), paired.assign(kind="paired")], ignore_index=True
+        )
+        write_parquet(both, sibling(out, "summary"), metadata)
+    return AuditResult(
+        spec.command, per_seed, summary, paired, metadata, probe_frame, sorted(set(skipped))
+    )
+
+
+def draw_audit(path: Path, result: AuditResult) -> None:
+    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``)."""
+    from cdscope.plots import plot_audit, plot_decompose
+
+    if result.command == "decompose":
+        plot_decompose(path, result.per_seed, result.summary)
+        return
+    measures, title = {
+        "bshared": (["B_shared_C"], "B_shared(C)"),
+        "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
+    }[result.command]
+    plot_audit(path, title, result.per_seed, result.summary, result.paired, measures)

@@ -140,35 +140,44 @@ def probe_metadata(
 
 
 def collect_control(
-    model_specs: Sequence[str],
+    model_specs: Sequence[str | LoadedModel],
     pool: ProbePool,
     settings: ProbeSettings,
-    out: Path,
+    out: Path | None,
     options: ModelOptions = ModelOptions(),
     resume: bool = False,
     console: Console | None = None,
     command: str = "probe",
     on_result: Callable[[str, int, ControlResult], None] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Measure every (model, seed); write ``out`` after each; return (frame, metadata).
+    """Measure every (model, seed); write ``out`` (if given) after each; return (frame, metadata).
 
-    Under a launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0
-    writes ``out`` (``cdscope.commands.parallel``).
+    A model is a spec for ``load_model`` or an already-loaded ``LoadedModel`` (the
+    Python API); rows are labelled with the spec or ``LoadedModel.name``. Under a
+    launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0 writes
+    ``out`` (``cdscope.commands.parallel``).
     """
     console = console or make_console()
-    if len(set(model_specs)) != len(model_specs):
-        raise CdscopeError("the same --model is given twice")
+    names = [m.name if isinstance(m, LoadedModel) else m for m in model_specs]
+    if len(set(names)) != len(names):
+        raise CdscopeError(
+            "the same --model is given twice (in Python: give each model its own name=)"
+        )
     launch = launch_env()
     if launch.active:  # started by torchrun / accelerate launch: (model, seed) pairs across ranks
         from cdscope.commands.parallel import collect_control_parallel
 
+        if out is None or any(isinstance(m, LoadedModel) for m in model_specs):
+            raise CdscopeError(
+                "under a launcher every model is a spec each rank loads itself, and --out is needed"
+            )
         return collect_control_parallel(
-            launch, model_specs, pool, settings, out, options, resume, console, command
+            launch, names, pool, settings, out, options, resume, console, command
         )
     metadata = probe_metadata(command, pool, settings, options, world_size=1)
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
-    if resume and out.is_file():
+    if resume and out is not None and out.is_file():
         previous, metadata["models"] = _resume_state(out, metadata)
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
@@ -178,12 +187,12 @@ def collect_control(
         task = progress.add_task(
             "probing", total=len(model_specs) * len(settings.seeds), completed=len(done)
         )
-        for spec in model_specs:
+        for given, spec in zip(model_specs, names, strict=True):
             todo = [s for s in settings.seeds if (spec, s) not in done]
             if not todo:
                 continue
             progress.update(task, description=f"loading {spec}")
-            loaded = options.load(spec, console)
+            loaded = given if isinstance(given, LoadedModel) else options.load(spec, console)
             with GatedModel(loaded.model) as gm:
                 record = model_record(loaded, gm)
                 metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [record]
@@ -195,7 +204,8 @@ def collect_control(
                     frames.append(result_frame(spec, seed, result))
                     frame = pd.concat(frames, ignore_index=True)
                     metadata["drawn"] = drawn_metadata(pool, settings.n, frame["seed"])
-                    write_parquet(frame, out, metadata)
+                    if out is not None:
+                        write_parquet(frame, out, metadata)
                     if on_result is not None:
                         on_result(spec, seed, result)
                     progress.advance(task)

@@ -84,8 +84,9 @@ def prepare(
     check_writable(Path(cfg.out_dir) / LOG_NAME)
     if model is None:
         loaded = load_model(  # under a launcher (TRL backend) each rank on its own GPU
-            cfg.model, rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn, console=console
-        )
+            cfg.model, rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn, console=console,
+            revision=cfg.revision, trust_remote_code=cfg.trust_remote_code,
+        )  # fmt: skip
         model, tokenizer = loaded.model, loaded.tokenizer
         model_info = {"name": loaded.name, "revision": loaded.revision, "dtype": str(loaded.dtype)}
     else:

@@ -8,7 +8,15 @@ Specs accepted by ``load_model``:
   ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``); later loads take a few seconds.
 - a path to a ``.gguf`` file: loaded through transformers' GGUF support.
 - a local directory with ``config.json``: ``from_pretrained(dir)``.
-- anything else is treated as a Hugging Face hub id (network access is the user's call).
+- anything else is treated as a Hugging Face hub id (network access is the user's call):
+  ``revision`` pins a branch, tag or commit, and the commit hash actually loaded is
+  recorded; ``HF_HUB_OFFLINE``, ``HF_HOME`` and ``TRANSFORMERS_CACHE`` are honoured as
+  transformers reads them (cdscope passes no cache directory of its own).
+
+``trust_remote_code`` (off by default) lets a hub repository or local directory run its
+own modelling code. Devices: ``auto`` (CUDA if available, else CPU), ``cpu``,
+``cuda[:N]`` and ``mps`` where torch has it (the MPS path is unit-tested by choice of
+device and dtype only; it has not been run on Apple hardware).
 """
 
 from __future__ import annotations
@@ -64,24 +72,37 @@ def cache_root() -> Path:
     return Path(os.environ.get("CDSCOPE_CACHE", Path.home() / ".cache" / "cdscope"))
 
 
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
 def resolve_device(device: str) -> torch.device:
+    """``auto`` = CUDA when available, else CPU (MPS only when asked for: ``mps``)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise CdscopeError(
             f"--device {device}: CUDA is not available on this machine; use --device cpu"
         )
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise CdscopeError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    if device == "mps" and not _mps_available():
+        raise CdscopeError(
+            "--device mps: this torch has no usable MPS backend (Apple silicon, macOS 12.3+); "
+            "use --device cpu"
+        )
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise CdscopeError(f"--device must be auto, cpu, cuda[:N] or mps, got {device!r}")
     return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` = fp32 on CPU, bf16 on CUDA (log-softmax always runs in fp32)."""
+    """``auto`` = fp32 on CPU and MPS, bf16 on CUDA (log-softmax always runs in fp32)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
         raise CdscopeError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    if device.type == "mps" and dtype == "float64":
+        raise CdscopeError("--dtype float64 is not supported on MPS; use float32")
     return DTYPES[dtype]
 
 
@@ -181,13 +202,16 @@ def load_model(
     attn: str = "auto",
     console: object | None = None,
     placement: Placement | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Load ``spec`` for evaluation (eval mode), on ``device`` in ``dtype``.
 
     With a ``placement`` (``--device-map`` / ``--max-memory`` / ``--offload-dir``) the model
     is spread over devices, CPU and disk by accelerate instead (``models/placement.py``);
-    ``LoadedModel.device`` is then where inputs go.
-    Raises ``CdscopeError`` with one line when the model cannot be found or loaded.
+    ``LoadedModel.device`` is then where inputs go. ``revision`` (hub ids only) pins a
+    branch, tag or commit. Raises ``CdscopeError`` with one line when the model cannot be
+    found or loaded.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -200,11 +224,14 @@ def load_model(
         torch_device = torch.device("cuda" if placement.may_use_cuda else "cpu")
     torch_dtype = resolve_dtype(dtype, torch_device)
 
-    def placed(config_source: str | Path) -> dict:
-        return (
-            {}
-            if placement is None
-            else placement.from_pretrained_kwargs(config_source, torch_dtype)
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
+
+    def placed(config_source: str | Path, config_kwargs: dict | None = None) -> dict:
+        """from_pretrained's device-map arguments; the config is read as the model is."""
+        if placement is None:
+            return {}
+        return placement.from_pretrained_kwargs(
+            config_source, torch_dtype, **(remote if config_kwargs is None else config_kwargs)
         )
 
     if attn not in ATTN_IMPLEMENTATIONS:
@@ -216,6 +243,11 @@ def load_model(
         kwargs["attn_implementation"] = attn
 
     path = Path(spec).expanduser()
+    is_hub = not (spec == EMBEDDED_NAME or path.suffix == ".gguf" or path.is_dir())
+    if revision is not None and not is_hub:
+        raise CdscopeError(
+            f"--revision applies to hub ids; {spec!r} is a local model (drop --revision)"
+        )
     try:
         if spec == EMBEDDED_NAME:
             directory, revision = embedded_model_dir(console)
@@ -238,22 +270,24 @@ def load_model(
                     f"{path} is a directory but has no config.json: not a model directory"
                 )
             source, revision = str(path.resolve()), _weights_hash(path)
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed(path))
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **remote, **placed(path))
+            tokenizer = AutoTokenizer.from_pretrained(path, **remote)
         elif spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
             raise CdscopeError(f"model path not found: {spec}")
         else:
-            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs, **placed(spec))
-            tokenizer = AutoTokenizer.from_pretrained(spec)
+            hub = {"revision": revision, **remote} if revision else remote
+            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs, **hub, **placed(spec, hub))
+            tokenizer = AutoTokenizer.from_pretrained(spec, **hub)
             source = spec
-            revision = getattr(model.config, "_commit_hash", None) or "unknown"
+            revision = getattr(model.config, "_commit_hash", None) or revision or "unknown"
     except CdscopeError:
         raise
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CdscopeError(
             f"cannot load model {spec!r}: {first} "
-            f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME})"
+            f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME}"
+            f"{_offline_hint() if is_hub else ''})"
         ) from exc
 
     if placement is None:
@@ -262,6 +296,22 @@ def load_model(
         torch_device = execution_device(model)
     model.eval()
     return LoadedModel(model, tokenizer, spec, source, revision, torch_device, torch_dtype)
+
+
+def _offline_hint() -> str:
+    """What the hub environment says about a failed hub load (offline mode, cache)."""
+    offline = any(
+        os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    if not offline:
+        return ""
+    cache = (
+        os.environ.get("TRANSFORMERS_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    )
+    return (
+        f"; offline mode is on (HF_HUB_OFFLINE), so the model must already be cached under {cache}"
+    )
 
 
 def model_gate_count(spec: str) -> int:

@@ -13,15 +13,14 @@ other keys must be present: ``code`` kinds need ``tests`` (a program defining
 ``source`` (string) and ``meta`` (object). Any other key is an error, so a typo is not
 silently ignored. Errors name ``file:line``.
 
-The shipped sets live in the repository's ``tasks/<split>/{math,code,logic}.jsonl``
-(``$CDSCOPE_TASKS`` overrides the folder); ``tasks/build_tasks.py`` builds them from the
-slices of the sources held out of the probe pools (docs/tasks.md).
+The shipped sets are package data in ``cdscope/data/tasks/<split>/{math,code,logic}.jsonl``
+(``$CDSCOPE_TASKS`` overrides the folder); ``tasks/build_tasks.py`` in the repository
+builds them from the slices of the sources held out of the probe pools (docs/tasks.md).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Literal
 
 from cdscope.errors import CdscopeError
 from cdscope.io import atomic_write_bytes, json_record
+from cdscope.resources import shipped_data_dir
 
 REQUIRED_KEYS = ("id", "family", "prompt", "verifier")
 OPTIONAL_KEYS = ("answer", "tests", "entry_point", "source", "meta")
@@ -168,13 +168,12 @@ def write_tasks(tasks: Sequence[Task], path: Path) -> None:
 
 
 def default_task_dir() -> Path:
-    """The shipped sets: ``$CDSCOPE_TASKS`` or the repository's ``tasks/`` folder."""
-    env = os.environ.get("CDSCOPE_TASKS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "tasks"
+    """The shipped sets: ``$CDSCOPE_TASKS`` or the package's ``data/tasks/`` folder."""
+    return shipped_data_dir("tasks", "CDSCOPE_TASKS")
 
 
 def default_task_paths(split: Literal["train", "eval"]) -> list[Path]:
-    """``tasks/<split>/{math,code,logic}.jsonl`` (those present; at least one)."""
+    """``<task dir>/<split>/{math,code,logic}.jsonl`` (those present; at least one)."""
     if split not in SPLITS:
         raise CdscopeError(f"unknown task split {split!r}; use one of {', '.join(SPLITS)}")
     directory = default_task_dir() / split

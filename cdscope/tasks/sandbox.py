@@ -63,6 +63,7 @@ from cdscope.tasks.sandbox_process import (
     SandboxProcess,
     SandboxTimeout,
     _binds,
+    data_dirs,
     exit_reason,
 )
 
@@ -141,13 +142,16 @@ def _try_layers(layers: Layers) -> bool:
     probe = "import socket\nprint(sum(range(5)))\n"
     if layers.mount:
         binds = _binds(layers.interpreter)
-        hidden = [str(p) for p in _HIDDEN]
+        hidden = [str(p) for p in _HIDDEN] + data_dirs()
         hidden = [
             h
             for h in hidden
             if h != str(Path.home()) or not any(b.startswith(h + "/") for b in binds)
         ]
-        probe += f"import os\nassert not any(os.path.exists(p) for p in {hidden!r})\n"
+        probe += (  # gone, or masked by an empty dir (installed inside a bound prefix)
+            "import os\nassert not any(os.path.exists(p) and (not os.path.isdir(p) or "
+            f"os.listdir(p)) for p in {hidden!r})\n"
+        )
     try:
         result = _run(probe, layers, timeout=10.0, memory_mb=512, audit_hook=True)
     except OSError:

@@ -34,10 +34,25 @@ _ENV_PATH = "/usr/local/bin:/usr/bin:/bin"
 _TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def _mount_script(binds: Sequence[str]) -> str:
+def data_dirs() -> list[str]:
+    """The shipped data -- pools and task sets, whose code tests are what a candidate must
+    never read -- wherever this install keeps it (package data, or ``$CDSCOPE_*``)."""
+    from cdscope.resources import shipped_data_dir
+
+    found = {
+        str(shipped_data_dir(name, env).resolve())
+        for name, env in (("tasks", "CDSCOPE_TASKS"), ("probes", "CDSCOPE_PROBES"))
+    }
+    found.add(str(Path(__file__).resolve().parents[1] / "data"))
+    return sorted(p for p in found if os.path.isdir(p))
+
+
+def _mount_script(binds: Sequence[str], masks: Sequence[str] = ()) -> str:
     """Run by /bin/sh in the new namespaces, then exec'd into the interpreter: build the
     minimal root (module docstring, layer 4), chroot into it, drop every capability
-    (without CAP_SYS_CHROOT, and with no /proc, a chroot cannot be left)."""
+    (without CAP_SYS_CHROOT, and with no /proc, a chroot cannot be left). ``masks``
+    that lie inside a bound dir (cdscope installed under /usr or inside the
+    interpreter's prefix) are covered by an empty read-only tmpfs."""
     links, dirs = [], []
     for path in binds:
         if os.path.islink(path) and path.count("/") == 1:  # /bin -> usr/bin (usr-merge)
@@ -51,6 +66,11 @@ def _mount_script(binds: Sequence[str]) -> str:
         f"mount --bind -o ro {shlex.quote(d)} {shlex.quote('.' + d)}; " for d in dirs
     )
     link_cmd = f"ln -s {' '.join(shlex.quote(t) for t in links)} .; " if links else ""
+    inside = [m for m in masks if any(m == d or m.startswith(d + "/") for d in dirs)]
+    binds_cmd += "".join(
+        f"mount -t tmpfs -o size=4k,mode=555,ro cdscope-mask {shlex.quote('.' + m)}; "
+        for m in inside
+    )
     return (
         f"set -e; PATH={_TOOL_PATH}; mount -t tmpfs -o size=16m,mode=755 cdscope-root /tmp; "
         f"cd /tmp; mkdir -p dev .{MOUNT_WORKDIR} {made}; {binds_cmd}{link_cmd}"
@@ -160,7 +180,7 @@ class SandboxProcess:
             if layers.namespaces:
                 command += [*_UNSHARE, *(("--mount",) if layers.mount else ()), "--"]
             if layers.mount:
-                script = _mount_script(_binds(layers.interpreter))
+                script = _mount_script(_binds(layers.interpreter), data_dirs())
                 command += [shutil.which("sh", path=_ENV_PATH) or "/bin/sh", "-c", script]
             command += [layers.interpreter, "-I", "-S", "-B", "-c", _BOOTSTRAP.read_text("utf-8")]
             user = {"user": NOBODY, "group": NOBODY, "extra_groups": []}

@@ -27,46 +27,72 @@ REGULARIZERS = ("none", "cdrft")
 BACKENDS = ("hf", "trl")
 
 
+def setting(default: Any, flag: str, help: str) -> Any:  # noqa: A002
+    """A field that is also a ``cdscope train`` option: its default and help live here
+    only (the CLI reads them from ``dataclasses.fields``; see ``cli_fields``)."""
+    return field(default=default, metadata={"flag": flag, "help": help})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every setting of one training run (both arms share all but ``regularizer``)."""
+    """Every setting of one training run (both arms share all but ``regularizer``).
 
-    model: str = "smollm2-135m"
+    Fields made with ``setting`` are the ``cdscope train`` options, in this order.
+    """
+
+    model: str = setting("smollm2-135m", "--model", "Model to train.")
+    revision: str | None = setting(
+        None, "--revision", "Hub branch, tag or commit of --model (recorded in the log)."
+    )
+    trust_remote_code: bool = setting(
+        False, "--trust-remote-code", "Allow the model repository to run its own code."
+    )
     out_dir: str = "runs/train"
-    steps: int = 200
-    prompts_per_step: int = 8
-    group_size: int = 4
-    max_new_tokens: int = 512
-    temperature: float = 0.6
+    steps: int = setting(200, "--steps", "Optimizer steps (total, also for --resume).")
+    prompts_per_step: int = setting(8, "--prompts-per-step", "Prompts per step.")
+    group_size: int = setting(4, "--group-size", "Samples G per prompt.")
+    max_new_tokens: int = setting(512, "--max-new-tokens", "Rollout length cap.")
+    temperature: float = setting(0.6, "--temperature", "Rollout temperature.")
     top_p: float = 1.0
-    lr: float = 2e-6
+    lr: float = setting(2e-6, "--lr", "AdamW peak learning rate (cosine decay).")
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
     clip_eps: float = 0.2
-    beta: float = 0.0
-    regularizer: str = "cdrft"
-    lam: float = 1.0
-    tau: float = 70.0  # percent, like every human-facing B_shared
-    k_max: int = 12
-    eta_proj: float = 4e-3
-    eps: float = DEFAULT_EPS
-    estimator: str = DEFAULT_ESTIMATOR
-    probe_n: int = 3
+    beta: float = setting(0.0, "--beta", "k3 KL coefficient vs the initial model.")
+    regularizer: str = setting("cdrft", "--regularizer", "none (GRPO) | cdrft (GRPO + CD-RFT).")
+    lam: float = setting(1.0, "--lambda", "Regulariser weight lambda.")
+    tau: float = setting(  # percent, like every human-facing B_shared
+        70.0, "--tau", "Projection threshold on B_shared, percent, between 100/M and 100."
+    )
+    k_max: int = setting(12, "--k-max", "Max projection iterations per step.")
+    eta_proj: float = setting(4e-3, "--eta-proj", "Projection step size.")
+    eps: float = setting(DEFAULT_EPS, "--eps", "Gate step of the proxy gradient.")
+    estimator: str = setting(
+        DEFAULT_ESTIMATOR, "--estimator", "Regulariser gradient: exact | proxy | richardson."
+    )
+    probe_n: int = setting(3, "--probe-n", "Probe samples per family.")
     probe_files: tuple[str, ...] = ()
-    template: str = "plain"
-    seed: int = 0
-    save_every: int = 50
+    template: str = setting("plain", "--template", "Prompt template: plain | chat.")
+    seed: int = setting(0, "--seed", "Seed of data order, rollouts and probe.")
+    save_every: int = setting(50, "--save-every", "Checkpoint every N steps.")
     tasks: tuple[str, ...] = ()
-    micro_batch_size: int = 8  # completions per backbone forward/backward
+    micro_batch_size: int = setting(  # completions per backbone forward/backward
+        8, "--micro-batch-size", "Completions per backbone forward (memory)."
+    )
     rollout_batch_size: int | None = None  # prompts per generate call (None: all)
     probe_batch_size: int | None = None  # probe rows per forward (None: 1 on CPU, all on GPU)
     verify_timeout: float = 5.0
     verify_workers: int = 2
-    device: str = "auto"
-    dtype: str = "auto"
+    device: str = setting("auto", "--device", "auto | cpu | cuda[:N] | mps.")
+    dtype: str = setting(
+        "auto",
+        "--dtype",
+        "auto (float32 on every device: bf16 loses AdamW updates and the regulariser's "
+        "gate steps) | float32 | bfloat16 | float64.",
+    )
     attn: str = "auto"
-    backend: str = "hf"
+    backend: str = setting("hf", "--backend", "hf (built-in loop) | trl (GRPOTrainer).")
     preset: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -148,6 +174,11 @@ class TrainConfig:
                     f"--tau is a B_shared threshold in percent and must lie in [100/M, 100] = "
                     f"[{low:.4g}, 100] for M = {num_probe_families} probe families; got {self.tau:g}"
                 )
+
+
+def cli_fields() -> list[dataclasses.Field]:
+    """The fields that are ``cdscope train`` options (made with ``setting``), in order."""
+    return [f for f in dataclasses.fields(TrainConfig) if "flag" in f.metadata]
 
 
 #: Named presets. ``cpu-smoke``: the embedded 135M model on a shared 2-core CPU

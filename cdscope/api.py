@@ -1,0 +1,323 @@
+"""The public Python API (``import cdscope``): the notebook path through the CLI's code.
+
+Every function here calls the same workflow the command line calls (one path, not
+two), and every table comes back as a pandas DataFrame in the schema of the Parquet
+file the CLI writes::
+
+    model = cdscope.load_model("smollm2-135m")    # or load_model(hf_model, hf_tokenizer)
+    frame = cdscope.measure(model, seeds=3)       # C, F, l_m: the `probe` Parquet schema
+    audit = cdscope.bshared(frame)                # .per_seed, .summary, .paired
+    cdscope.plot(audit, "bshared.png")
+
+Quantities: C, F and l_m (SPEC §2); B_shared, ACG, the decomposition and the random
+reference (SPEC §3-4); same-seed paired differences (SPEC §4). A wrong input raises
+``CdscopeError`` with one sentence saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from cdscope.commands.audit import AUDITS, AuditResult, check_probe_frame, evaluate_audit
+from cdscope.commands.random_ref import RandomReferenceResult, random_reference_result
+from cdscope.errors import CdscopeError
+from cdscope.frames import ModelOptions, ProbeSettings
+from cdscope.messages import make_console
+from cdscope.probes import REQUIRED_KEYS, ProbePool, pool_from_records
+from cdscope.probes import draw_probe as _draw
+from cdscope.probes import load_pool as _load_pool_files
+
+if TYPE_CHECKING:
+    from cdscope.models.loading import LoadedModel
+
+#: what ``probe=`` / ``load_pool`` accept: None (the shipped pools), a pool, JSONL
+#: path(s), a list of dicts, or a DataFrame with columns id, family, prompt, target
+PoolSource = ProbePool | str | Path | Sequence[Any] | pd.DataFrame | None
+ModelLike = Any  # "LoadedModel | str | Path | transformers model"; see load_model
+
+
+def load_model(
+    model: ModelLike = "smollm2-135m",
+    tokenizer: Any = None,
+    *,
+    name: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    attn: str = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """A model ready to measure: a hub id, local directory, ``.gguf`` file, the embedded
+    ``"smollm2-135m"``, or an already-loaded transformers model with its ``tokenizer``.
+
+    ``device``: auto | cpu | cuda[:N] | mps; ``dtype``: auto | float32 | bfloat16 |
+    float16 | float64 (for a model object, ``auto`` keeps its device and dtype).
+    ``revision`` pins a hub branch, tag or commit; ``name`` labels the rows.
+    """
+    from torch import nn
+
+    from cdscope.models.loading import LoadedModel
+    from cdscope.models.loading import load_model as _load
+
+    if isinstance(model, LoadedModel):
+        if tokenizer is not None:
+            raise CdscopeError("this model is already loaded with its tokenizer; drop tokenizer=")
+        return model
+    if isinstance(model, str | Path):
+        if tokenizer is not None:
+            raise CdscopeError(
+                "tokenizer= goes with a model object; a model id or path loads its own tokenizer"
+            )
+        options = ModelOptions(
+            device, dtype, attn, revision=revision, trust_remote_code=trust_remote_code
+        )
+        loaded = _load(str(model), **options.load_kwargs())
+    elif isinstance(model, nn.Module):
+        loaded = _from_objects(model, tokenizer, device, dtype)
+    else:
+        raise CdscopeError(
+            "model must be a hub id, a local directory, a .gguf path or a transformers model, "
+            f"not {type(model).__name__}"
+        )
+    if name is not None:
+        loaded.name = name
+    return loaded
+
+
+def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> LoadedModel:
+    """Wrap a transformers model + tokenizer loaded by the caller, after checking both."""
+    from cdscope.models.adapters import adapter_for
+    from cdscope.models.loading import LoadedModel, resolve_device, resolve_dtype
+
+    if tokenizer is None:
+        raise CdscopeError(
+            "a model object needs its tokenizer: cdscope.load_model(model, tokenizer)"
+        )
+    if not callable(tokenizer) or not hasattr(tokenizer, "__len__"):
+        raise CdscopeError(
+            f"tokenizer must be a transformers tokenizer, not {type(tokenizer).__name__}"
+        )
+    adapter_for(model)  # an unsupported architecture is refused with the supported list
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise CdscopeError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} "
+            "rows, so they do not belong together; pass the tokenizer saved with this model"
+        )
+    parameter = next(model.parameters())
+    if device != "auto":
+        model.to(resolve_device(device))
+    if dtype != "auto":
+        model.to(resolve_dtype(dtype, parameter.device))
+    model.eval()
+    parameter = next(model.parameters())
+    config = model.config
+    source = getattr(config, "_name_or_path", "") or "in-memory"
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=source if source != "in-memory" else type(model).__name__,
+        source=source,
+        revision=getattr(config, "_commit_hash", None) or "in-memory",
+        device=parameter.device,
+        dtype=parameter.dtype,
+    )
+
+
+def load_pool(source: PoolSource = None) -> ProbePool:
+    """A probe pool: the shipped math/code/logic pools (``None``), JSONL path(s), a list
+    of dicts or a DataFrame with ``id``, ``family``, ``prompt``, ``target`` (strings;
+    ``source`` and other keys optional), or a pool (returned as is)."""
+    if source is None:
+        return _load_pool_files()
+    if isinstance(source, ProbePool):
+        return source
+    if isinstance(source, str | Path):
+        return _load_pool_files([source])
+    if isinstance(source, pd.DataFrame):
+        missing = [c for c in REQUIRED_KEYS if c not in source.columns]
+        if missing:
+            raise CdscopeError(
+                f"the probe frame lacks column(s) {', '.join(missing)}; a probe needs "
+                f"{', '.join(REQUIRED_KEYS)} ('target' is the verified-correct answer)"
+            )
+        records = [
+            {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+            for row in source.to_dict(orient="records")
+        ]
+        return pool_from_records(records, "frame row")
+    if isinstance(source, Sequence) and all(isinstance(s, str | Path) for s in source):
+        return _load_pool_files(list(source))
+    if isinstance(source, Sequence):
+        return pool_from_records(list(source), "probe")
+    raise CdscopeError(
+        "probe must be None (the shipped pools), a JSONL path, a list of dicts or a "
+        f"DataFrame, not {type(source).__name__}"
+    )
+
+
+def draw_probe(
+    pool: PoolSource = None, seed: int = 0, n: int = 3, families: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """The ``n`` items per family that probe seed ``seed`` measures (SPEC §4), as a frame
+    with columns id, family, prompt, target, source: the same draw for every model."""
+    items = _draw(load_pool(pool), seed, n, families)
+    columns = ["id", "family", "prompt", "target", "source"]
+    return pd.DataFrame([[getattr(it, c) for c in columns] for it in items], columns=columns)
+
+
+def measure(
+    model: ModelLike | Sequence[ModelLike],
+    probe: PoolSource = None,
+    *,
+    seeds: int | Sequence[int] = 1,
+    n: int = 3,
+    template: str = "plain",
+    estimator: str = "autograd",
+    batch_size: int | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """C, F and l_m of one model or a list of models on probe seeds ``0..seeds-1`` (or the
+    given seeds), ``n`` items per family: one row per (model, seed, family, gate), the
+    schema of ``cdscope probe``'s Parquet; its metadata is in ``frame.attrs["cdscope"]``."""
+    from cdscope.commands.probe import collect_control
+
+    given = list(model) if isinstance(model, list | tuple) else [model]
+    models = [load_model(m) for m in given]
+    if isinstance(seeds, numbers.Integral):
+        if seeds < 1:
+            raise CdscopeError(f"seeds must be at least 1, got {seeds}")
+        seeds = range(seeds)
+    settings = ProbeSettings(tuple(int(s) for s in seeds), n, template, estimator, batch_size)
+    console = make_console(quiet=not progress)
+    frame, metadata = collect_control(
+        models, load_pool(probe), settings, None, ModelOptions(), False, console, "probe"
+    )
+    frame.attrs["cdscope"] = metadata
+    return frame
+
+
+def _audit(command: str, data: Any, measure_options: dict[str, Any]) -> AuditResult:
+    """A probe frame (or a model / list of models, measured first) -> an audit."""
+    if isinstance(data, pd.DataFrame):
+        if measure_options:
+            raise CdscopeError(
+                f"{', '.join(measure_options)} apply when measuring a model, not to a frame"
+            )
+        frame = check_probe_frame(data)
+    else:
+        frame = measure(data, **measure_options)
+    metadata = frame.attrs.get("cdscope", {})
+    quiet = make_console(quiet=not measure_options.get("progress", True))
+    return evaluate_audit(AUDITS[command], frame, metadata, quiet)
+
+
+def bshared(data: Any, **measure_options: Any) -> AuditResult:
+    """B_shared(C) = lambda_1(C C^T) / tr(C C^T) and R(C) per model and seed (SPEC §3),
+    mean ± SE over seeds and paired rows against the first model (SPEC §4).
+
+    ``data``: a probe frame from ``measure``, or model(s) measured here with
+    ``measure_options`` (probe=, seeds=, n=, ...)."""
+    return _audit("bshared", data, measure_options)
+
+
+def acg(data: Any, **measure_options: Any) -> AuditResult:
+    """ACG = B_shared(F) - B_shared(C) per model and seed (SPEC §3); as ``bshared``."""
+    return _audit("acg", data, measure_options)
+
+
+def decompose(data: Any, **measure_options: Any) -> AuditResult:
+    """B_dir, B_norm, pairwise |cos| of C's rows and each family's participation ratio
+    (SPEC §3); as ``bshared``."""
+    return _audit("decompose", data, measure_options)
+
+
+def compare(
+    data: AuditResult | pd.DataFrame, *, reference: str | None = None, audit: str = "bshared"
+) -> pd.DataFrame:
+    """Same-seed paired differences of every model against ``reference`` (default: the
+    first model): n, mean, SE, negatives and the 95% Student-t interval (SPEC §4).
+
+    ``data``: an audit result, or a probe frame with at least two models (``audit``
+    names the measures: bshared | acg | decompose)."""
+    if audit not in AUDITS:
+        raise CdscopeError(f"audit must be one of {', '.join(AUDITS)}, got {audit!r}")
+    result = data if isinstance(data, AuditResult) else _audit(audit, data, {})
+    frame = result.probe_frame
+    models = list(dict.fromkeys(frame["model"]))
+    if len(models) < 2:
+        raise CdscopeError(
+            "compare needs at least two models in the frame: measure([model_a, model_b])"
+        )
+    if reference is not None:
+        if reference not in models:
+            raise CdscopeError(f"reference {reference!r} is not one of {', '.join(models)}")
+        first = frame["model"] == reference
+        frame = pd.concat([frame[first], frame[~first]], ignore_index=True)
+        result = evaluate_audit(
+            AUDITS[result.command],
+            frame,
+            result.metadata.get("probe", {}),
+            make_console(quiet=True),
+        )
+    return result.paired
+
+
+def random_reference(
+    families: int = 3,
+    gates: int | None = None,
+    *,
+    model: ModelLike | None = None,
+    trials: int = 50_000,
+    seed: int = 0,
+    value: float | None = None,
+) -> RandomReferenceResult:
+    """B_shared of ``trials`` i.i.d. Gaussian M x K matrices (SPEC §4): M = ``families``,
+    K = ``gates`` or 2 x layers of ``model``; ``value`` (a B_shared fraction) gets its
+    percentile. ``.stats`` holds mean, std, p95, p99; ``.frame`` the samples."""
+    from cdscope.models.loading import LoadedModel
+
+    spec = None
+    if isinstance(model, LoadedModel):
+        gates = gates if gates is not None else 2 * model.num_layers
+        spec = model.name
+    elif model is not None:
+        spec = str(model)
+    return random_reference_result(families, gates, trials, seed, value, spec)
+
+
+def plot(result: AuditResult | RandomReferenceResult, path: str | Path) -> Path:
+    """Write the CLI's figure of ``result`` (``--plot``) to ``path`` (.png, .pdf or .svg)."""
+    from cdscope.commands.audit import draw_audit
+    from cdscope.commands.random_ref import draw_random_reference
+    from cdscope.io import check_plot_path
+
+    target = Path(path)
+    check_plot_path(target)
+    if isinstance(result, AuditResult):
+        draw_audit(target, result)
+    elif isinstance(result, RandomReferenceResult):
+        draw_random_reference(target, result)
+    else:
+        raise CdscopeError(
+            "plot takes what bshared/acg/decompose/random_reference return, "
+            f"not {type(result).__name__}"
+        )
+    return target
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """A Parquet file written by the CLI (or this API) as a DataFrame; its run metadata
+    (models with revisions, probe hash, settings) is in ``frame.attrs["cdscope"]``."""
+    from cdscope.io import read_parquet
+
+    frame, metadata = read_parquet(path)
+    frame.attrs["cdscope"] = metadata
+    return frame

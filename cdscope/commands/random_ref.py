@@ -1,0 +1,84 @@
+"""``random-ref``: B_shared of i.i.d. Gaussian M x K matrices as a reference (SPEC §4).
+
+The 1/M lower bound is not what a random matrix gives; this distribution is. The CLI
+command and ``cdscope.random_reference`` both call ``random_reference_result``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from cdscope.errors import CdscopeError
+from cdscope.spectral import RandomReference, random_reference
+
+
+@dataclass(frozen=True)
+class RandomReferenceResult:
+    """The reference distribution and its statistics (``value``/``percentile`` if given)."""
+
+    reference: RandomReference
+    stats: dict
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """One row per trial (``trial``, ``B_shared``): the schema of the CLI's Parquet."""
+        ref = self.reference
+        return pd.DataFrame({"trial": range(ref.trials), "B_shared": ref.samples})
+
+
+def random_reference_result(
+    families: int = 3,
+    gates: int | None = None,
+    trials: int = 50_000,
+    seed: int = 0,
+    value: float | None = None,
+    model: str | None = None,
+) -> RandomReferenceResult:
+    """Check the inputs, take K from ``model`` when ``gates`` is None, sample, summarise.
+
+    ``value`` is a measured B_shared as a fraction in (0, 1]; its percentile among the
+    samples is reported.
+    """
+    if families < 2:
+        raise CdscopeError(
+            f"--families must be at least 2 (B_shared of one row is always 1); got {families}"
+        )
+    if trials < 1:
+        raise CdscopeError(f"--trials must be at least 1; got {trials}")
+    if value is not None and not 0 < value <= 1:
+        raise CdscopeError(f"--value is a percentage in (0, 100]; got {100 * value:g}")
+    if gates is None:
+        if model is None:
+            raise CdscopeError("give --gates K, or --model to take K from a model")
+        from cdscope.models.loading import model_gate_count
+
+        gates = model_gate_count(model)
+    if gates < 1:
+        raise CdscopeError(f"--gates must be at least 1; got {gates}")
+    ref = random_reference(families, gates, trials, seed)
+    stats = {
+        "M": families,
+        "K": gates,
+        "trials": trials,
+        "seed": seed,
+        "mean": ref.mean,
+        "std": ref.std,
+        "p95": ref.p95,
+        "p99": ref.p99,
+        "value": value,
+        "percentile": None if value is None else ref.percentile_of(value),
+        "model": model,
+    }
+    return RandomReferenceResult(ref, stats)
+
+
+def draw_random_reference(path: object, result: RandomReferenceResult) -> None:
+    """The histogram with 1/M, p95, p99 and the measured value (``--plot``)."""
+    from cdscope.plots import plot_random_reference
+
+    ref, stats = result.reference, result.stats
+    plot_random_reference(
+        path, ref.samples, ref.M, ref.K, ref.p95, ref.p99, stats["value"], stats["percentile"]
+    )

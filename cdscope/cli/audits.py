@@ -20,14 +20,20 @@ from cdscope.cli.common import (
     ModelOpt,
     PlotOpt,
     ProbeOpt,
+    RecomputeOpt,
     ResumeOpt,
     _models,
     app,
+    resume_arg,
     err_console,
     out_console,
     user_errors,
 )
+from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
+
+MAX_FAMILIES, MAX_GATES, MAX_TRIALS = 1_000, 100_000, 10_000_000  # random-ref bounds
+MAX_ELEMENTS = 1 << 25  # M x max(M, K) of one random-ref trial (256 MiB of float64)
 
 
 def _run_audit_command(
@@ -41,7 +47,7 @@ def _run_audit_command(
     plot: Path | None,
     as_json: bool,
     from_path: Path | None,
-    resume: bool,
+    resume: bool | str,
     batch_size: int | None,
     device: str,
     dtype: str,
@@ -56,8 +62,14 @@ def _run_audit_command(
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
-    if from_path is not None and resume:
-        raise CdscopeError("--resume continues a measurement; it does not apply to --from")
+    if from_path is not None:
+        given = {"--resume": resume, "--seeds": seeds, "--probe": probe, "--batch-size": batch_size}
+        ignored = [flag for flag, value in given.items() if value]
+        if ignored:
+            raise CdscopeError(
+                f"{', '.join(ignored)} does not apply to --from, which reads the seeds and "
+                "probe of an existing file: drop it (or measure again without --from)"
+            )
     settings = ProbeSettings(
         tuple(range(seeds or 3)), n or 3, template or "plain", "autograd", batch_size
     )
@@ -74,10 +86,6 @@ def _run_audit_command(
         err_console,
         explicit,
     )
-    if result.per_seed.empty:
-        raise CdscopeError(
-            "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
-        )
     outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
@@ -134,11 +142,13 @@ def bshared(
         float | None,
         typer.Option(
             "--fail-above",
+            parser=finite(0, 100),
             help="CI gate: exit 1 if a model's mean B_shared(C) exceeds PCT percent.",
         ),
     ] = None,
     from_path: FromOpt = None,
     resume: ResumeOpt = False,
+    recompute: RecomputeOpt = False,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -162,7 +172,7 @@ def bshared(
         plot,
         as_json,
         from_path,
-        resume,
+        resume_arg(resume, recompute),
         batch_size,
         device,
         dtype,
@@ -216,14 +226,15 @@ def _register_audit_command(command: str, doc: str) -> None:
         as_json: JsonOpt = False,
         from_path: FromOpt = None,
         resume: ResumeOpt = False,
+        recompute: RecomputeOpt = False,
         batch_size: BatchOpt = None,
         device: DeviceOpt = "auto",
         dtype: DtypeOpt = "auto",
         attn: AttnOpt = "auto",
     ) -> None:
         spec, result, outputs = _run_audit_command(
-            command, model, seeds, n, probe, template, out, plot, as_json, from_path, resume,
-            batch_size, device, dtype, attn,
+            command, model, seeds, n, probe, template, out, plot, as_json, from_path,
+            resume_arg(resume, recompute), batch_size, device, dtype, attn,
         )  # fmt: skip
         if plot is not None:
             _draw_audit(command, plot, result)
@@ -257,16 +268,22 @@ _register_audit_command(
 @user_errors
 def random_ref(
     families: Annotated[
-        int, typer.Option("--families", "-M", help="Number of families M (rows).")
+        int,
+        typer.Option(
+            "--families", "-M", max=MAX_FAMILIES, help="Number of families M (rows)."
+        ),
     ] = 3,
     gates: Annotated[
         int | None,
-        typer.Option("--gates", "-K", help="Number of gates K (columns); default: K of --model."),
+        typer.Option("--gates", "-K", max=MAX_GATES, help="Number of gates K (columns); default: K of --model."),
     ] = None,
     trials: Annotated[
-        int, typer.Option("--trials", "-T", help="Number of random matrices T.")
+        int,
+        typer.Option(
+            "--trials", "-T", max=MAX_TRIALS, help="Number of random matrices T."
+        ),
     ] = 50_000,
-    seed: Annotated[int, typer.Option("--seed", help="RNG seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="RNG seed.")] = 0,
     value: Annotated[
         float | None,
         typer.Option("--value", help="A measured B_shared in percent: report its percentile."),
@@ -301,6 +318,8 @@ def random_ref(
         raise CdscopeError(f"--trials must be at least 1; got {trials}")
     if value is not None and not 0 < value <= 100:
         raise CdscopeError(f"--value is a percentage in (0, 100]; got {value}")
+    if gates is not None and model is not None:
+        raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
     if gates is None:
         if model is None:
             raise CdscopeError("give --gates K, or --model to take K from a model")
@@ -309,6 +328,11 @@ def random_ref(
         gates = model_gate_count(model)
     if gates < 1:
         raise CdscopeError(f"--gates must be at least 1; got {gates}")
+    if families * max(families, gates) > MAX_ELEMENTS:  # one trial's X and X X^T
+        raise CdscopeError(
+            f"--families {families} x --gates {gates} needs {8 * families * max(families, gates) / 2**30:.1f} GiB "
+            f"per random matrix; M x max(M, K) must stay below {MAX_ELEMENTS:,}"
+        )
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)

@@ -7,6 +7,7 @@ line on stderr saying what was wrong and how to fix it).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -15,10 +16,22 @@ from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
+from cdscope.cli.params import COUNT_MAX
 from cdscope.errors import AuditFailed, CdscopeError
 
+class _Group(TyperGroup):
+    """Reads ``--resume=recompute`` as ``--resume --recompute`` (and ``--resume=keep`` as
+    ``--resume``): Typer's options cannot take an optional value."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        spelled = {"--resume=recompute": ["--resume", "--recompute"], "--resume=keep": ["--resume"]}
+        return super().parse_args(ctx, [a for arg in args for a in spelled.get(arg, [arg])])
+
+
 app = typer.Typer(
+    cls=_Group,
     name="cdscope",
     help="Gated sublayer control diagnostics for RL post-training of language models.",
     no_args_is_help=True,
@@ -49,10 +62,15 @@ def user_errors(func: F) -> F:
             )
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            err_console.print(
-                "[yellow]interrupted[/yellow]: finished seeds are kept; rerun with --resume"
-            )
+            err_console.print(f"[yellow]interrupted[/yellow]: {after_interrupt}")
             raise typer.Exit(130) from None
+
+    # Only commands with --resume can promise to continue; the others write whole files or none.
+    after_interrupt = (
+        "finished work is kept; rerun with --resume"
+        if "resume" in inspect.signature(func).parameters
+        else "every file is written whole or not at all; this command has no --resume, rerun it"
+    )
 
     return wrapper  # type: ignore[return-value]
 
@@ -75,9 +93,14 @@ ModelOpt = Annotated[
     ),
 ]
 SeedsOpt = Annotated[
-    int, typer.Option("--seeds", "-s", min=1, help="Number of probe seeds S (seeds 0..S-1).")
+    int,
+    typer.Option(
+        "--seeds", "-s", min=1, max=COUNT_MAX, help="Number of probe seeds S (seeds 0..S-1)."
+    ),
 ]
-NOpt = Annotated[int, typer.Option("--n", min=1, help="Probe samples per family per seed.")]
+NOpt = Annotated[
+    int, typer.Option("--n", min=1, max=COUNT_MAX, help="Probe samples per family per seed.")
+]
 ProbeOpt = Annotated[
     list[Path] | None,
     typer.Option(
@@ -110,8 +133,27 @@ BatchOpt = Annotated[
 ]
 ResumeOpt = Annotated[
     bool,
-    typer.Option("--resume", help="Keep finished (model, seed) pairs of an interrupted --out."),
+    typer.Option(
+        "--resume",
+        help="Keep finished (model, seed) pairs of an interrupted --out whose model content "
+        "hash, dtype and settings match; refuse otherwise (--resume=recompute: redo those).",
+    ),
 ]
+RecomputeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--recompute",
+        help="With --resume (also spelled --resume=recompute): measure again the pairs whose "
+        "model or settings changed, instead of refusing.",
+    ),
+]
+
+
+def resume_arg(resume: bool, recompute: bool) -> bool | str:
+    """The ``resume`` argument of the workflows: False, True ('keep') or 'recompute'."""
+    if recompute and not resume:
+        raise CdscopeError("--recompute only applies with --resume (spell it --resume=recompute)")
+    return "recompute" if recompute else resume
 
 
 def _version(value: bool) -> None:
@@ -162,11 +204,18 @@ FromOpt = Annotated[
 AuditSeedsOpt = Annotated[
     int | None,
     typer.Option(
-        "--seeds", "-s", min=1, help="Number of probe seeds S (seeds 0..S-1) [default: 3]."
+        "--seeds",
+        "-s",
+        min=1,
+        max=COUNT_MAX,
+        help="Number of probe seeds S (seeds 0..S-1) [default: 3].",
     ),
 ]
 AuditNOpt = Annotated[
-    int | None, typer.Option("--n", min=1, help="Probe samples per family per seed [default: 3].")
+    int | None,
+    typer.Option(
+        "--n", min=1, max=COUNT_MAX, help="Probe samples per family per seed [default: 3]."
+    ),
 ]
 AuditTemplateOpt = Annotated[
     str | None,

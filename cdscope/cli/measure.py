@@ -15,15 +15,18 @@ from cdscope.cli.common import (
     ModelOpt,
     NOpt,
     ProbeOpt,
+    RecomputeOpt,
     ResumeOpt,
     SeedsOpt,
     TemplateOpt,
     _models,
     app,
+    resume_arg,
     err_console,
     out_console,
     user_errors,
 )
+from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
 
 
@@ -45,7 +48,10 @@ def probe(
         ),
     ] = "autograd",
     fd_step: Annotated[
-        float, typer.Option("--fd-step", help="Gate step h of the fd estimator.")
+        float,
+        typer.Option(
+            "--fd-step", parser=finite(0, 1, low_open=True), help="Gate step h of the fd estimator."
+        ),
     ] = 1e-2,
     fd_order: Annotated[
         int,
@@ -58,6 +64,7 @@ def probe(
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
     resume: ResumeOpt = False,
+    recompute: RecomputeOpt = False,
 ) -> None:
     """Measure the control matrix C, activation matrix F and l_m per family (SPEC §2).
 
@@ -81,7 +88,7 @@ def probe(
         settings,
         target,
         ModelOptions(device, dtype, attn),
-        resume,
+        resume_arg(resume, recompute),
         err_console,
     )
     out_console.print(seed_summary_table(frame))
@@ -95,8 +102,8 @@ def _eps_list(text: str) -> list[float]:
         raise CdscopeError(
             f"--eps takes comma-separated numbers like 0.05,0.01; got {text!r}"
         ) from None
-    if not values or any(v <= 0 for v in values):
-        raise CdscopeError(f"--eps values must be positive; got {text!r}")
+    if not values or not all(0 < v < 1 for v in values):  # NaN fails every comparison
+        raise CdscopeError(f"--eps values must be finite numbers in (0, 1); got {text!r}")
     return values
 
 
@@ -129,7 +136,7 @@ def gradcheck(
     ] = False,
     batch_size: BatchOpt = None,
     first_seed: Annotated[
-        int, typer.Option("--first-seed", min=0, help="Seeds run first-seed .. first-seed+seeds-1.")
+        int, typer.Option("--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1.")
     ] = 0,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).

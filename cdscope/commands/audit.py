@@ -94,7 +94,8 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
             f"{path} is not a probe file (missing column(s) {', '.join(missing)}); "
             "pass the .probe.parquet written by probe/bshared/acg/decompose"
         )
-    settings = metadata.get("settings", {})
+    check_probe_frame(frame, metadata, path)
+    settings = metadata["settings"]
     for key, wanted in expect.items():
         if wanted is not None and settings.get(key) != wanted:
             raise CdscopeError(
@@ -102,6 +103,33 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
                 "drop the option or measure again"
             )
     return frame, metadata
+
+
+def check_probe_frame(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
+    """Refuse a probe file whose columns or metadata cdscope could not have written:
+    non-integer seeds or gates, non-boolean ``dropped``, a NaN/inf in l_m, dl/dg, F or
+    in C of a kept family (naming the first), metadata without settings/models."""
+    if not isinstance(metadata.get("settings"), dict) or not isinstance(
+        metadata.get("models", []), list
+    ):
+        raise CdscopeError(f"{path}: its metadata has no settings/models; not a probe file")
+    for column in ("seed", "gate"):
+        if not pd.api.types.is_integer_dtype(frame[column]):
+            raise CdscopeError(
+                f"{path}: column {column!r} holds {frame[column].dtype} values, not integers"
+            )
+    if not pd.api.types.is_bool_dtype(frame["dropped"]):
+        raise CdscopeError(f"{path}: column 'dropped' holds {frame['dropped'].dtype}, not booleans")
+    kept = ~frame["dropped"]
+    for column, rows in (("ell", None), ("dl_dg", None), ("F", None), ("C", kept)):
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(values) if rows is None else ~np.isfinite(values) & rows.to_numpy()
+        if bad.any():
+            row = frame.iloc[int(np.flatnonzero(bad)[0])]
+            raise CdscopeError(
+                f"{path}: {column} of family {row['family']!r} at seed {row['seed']} of model "
+                f"{row['model']!r} is not a finite number ({row[column]!r}); measure again"
+            )
 
 
 def per_seed_frame(
@@ -230,6 +258,10 @@ def run_audit(
         return False
 
     per_seed = per_seed_frame(probe_frame, spec.measures, console)
+    if per_seed.empty:  # before anything is written: no half set of outputs
+        raise CdscopeError(
+            "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
+        )
     summary = summarize(per_seed)
     paired = paired_against_reference(per_seed, models, skip)
     if skipped:

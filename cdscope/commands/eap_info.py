@@ -37,8 +37,10 @@ from cdscope.batch import encode_probe
 from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
+from cdscope.generation import finite_logits
 from cdscope.io import run_metadata, write_parquet
 from cdscope.models import LoadedModel, load_model
+from cdscope.models.adapters import position_limit
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
 from cdscope.tasks.answers import find_final_answer
@@ -111,12 +113,16 @@ def _generate(loaded: LoadedModel, prompt: torch.Tensor, max_new_tokens: int) ->
     tok = loaded.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ids = prompt[None].to(loaded.device)
+    limit = position_limit(loaded.model)  # learned positions: stop at the last one
+    if limit is not None:
+        max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
     out = loaded.model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=pad,
+        logits_processor=finite_logits(),
     )
     return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
@@ -130,6 +136,8 @@ def answer(
 ) -> Answers:
     """Correct answers of ``loaded`` to ``items`` that fit in ``max_tokens`` (step 1-2)."""
     counts = Counter(drawn=len(items))
+    # sequences longer than the model's positions (learned absolute positions) are too long
+    max_tokens = min(settings.max_tokens, position_limit(loaded.model) or settings.max_tokens)
     candidates: list[ProbeItem] = []
     task = progress.add_task(f"answering ({loaded.name})", total=len(items))
     for item in items:
@@ -141,7 +149,7 @@ def answer(
             counts["unsupported"] += 1
             continue
         prompt = _prompt_ids(loaded, item)
-        if len(prompt) >= settings.max_tokens:
+        if len(prompt) >= max_tokens:
             counts["too_long"] += 1
             continue
         scored = verify(item, _generate(loaded, prompt, settings.max_new_tokens))
@@ -152,7 +160,7 @@ def answer(
     progress.remove_task(task)
     kept = {}
     for item, length in zip(candidates, _seq_lengths(loaded, candidates), strict=True):
-        if length > settings.max_tokens:
+        if length > max_tokens:
             counts["too_long"] += 1
         else:
             kept[item.id] = item

@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdscope.batch import encode_probe
+from cdscope.finite import NonFinite
+from cdscope.frames import describe_seeds
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
 from cdscope.models import load_model
@@ -65,7 +67,7 @@ def run_gradcheck(
         probe_hash=pool.hash,
         probe_files=list(pool.paths),
         families=pool.families,
-        seeds=list(seeds),
+        seeds=describe_seeds(seeds),
         settings={"n": n, "template": template, "batch_size": row_chunk},
         eps=list(eps_list),
         default={"estimator": DEFAULT_ESTIMATOR, "eps": DEFAULT_EPS},
@@ -97,7 +99,10 @@ def run_gradcheck(
             )
             batch.to(loaded.device)
             progress.update(task, description=f"seed {seed}: exact")
-            exact = exact_grad(gm, batch, batch_size=row_chunk)
+            try:
+                exact = exact_grad(gm, batch, batch_size=row_chunk)
+            except NonFinite as exc:
+                raise exc.at(f"at seed {seed} of model {model_spec!r}") from None
             reference = exact.flat()  # flatten once per seed (~1 GB in float64 for 135M)
             exact.grads.clear()  # the flat copy is all the sweep needs
             progress.advance(task)

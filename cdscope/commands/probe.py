@@ -19,17 +19,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cdscope.batch import encode_probe
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
 from cdscope.errors import CdscopeError
-from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
+from cdscope.finite import NonFinite
+from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings, describe_seeds
 from cdscope.gates import GatedModel
-from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.io import run_metadata, write_parquet
 from cdscope.models import LoadedModel, load_model
 from cdscope.probes import ProbePool, draw_probe
+from cdscope.resume import resume_mode, reusable_rows
 
 
 def measure(
     loaded: LoadedModel, gm: GatedModel, pool: ProbePool, seed: int, settings: ProbeSettings
 ) -> ControlResult:
-    """One probe seed on one model: draw, encode, estimate, check finiteness."""
+    """One probe seed on one model: draw, encode, estimate (non-finite values refused)."""
     items = draw_probe(pool, seed, settings.n)
     pad_id = getattr(loaded.tokenizer, "pad_token_id", None) or 0
     batch = encode_probe(items, loaded.tokenizer, settings.template, pad_id=pad_id).to(
@@ -38,23 +40,14 @@ def measure(
     # CPU default: one row per forward (no padding; measured ~30% faster than one padded
     # batch on the embedded model). GPU default: the whole probe in one batch.
     batch_size = settings.batch_size or (1 if loaded.device.type == "cpu" else None)
-    if settings.estimator == "autograd":
-        result = control_autograd(gm, batch, batch_size)
-    else:
-        result = control_finite_difference(
+    try:
+        if settings.estimator == "autograd":
+            return control_autograd(gm, batch, batch_size)
+        return control_finite_difference(
             gm, batch, settings.fd_step, batch_size and 8 * batch_size
         )
-    for m, family in enumerate(result.families):
-        if not (
-            np.isfinite(result.ell[m])
-            and np.isfinite(result.dl_dg[m]).all()
-            and np.isfinite(result.F[m]).all()
-        ):
-            raise CdscopeError(
-                f"non-finite values for model {loaded.name!r}, seed {seed}, family {family!r} "
-                "(try --dtype float32, or check the model's weights)"
-            )
-    return result
+    except NonFinite as exc:
+        raise exc.at(f"at seed {seed} of model {loaded.name!r}") from None
 
 
 def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
@@ -92,31 +85,25 @@ def model_record(loaded: LoadedModel, gm: GatedModel) -> dict:
     }
 
 
-def _resume_state(out: Path, metadata: dict) -> tuple[pd.DataFrame, list[dict]]:
-    """Finished rows of an earlier run with the same settings, or a one-line refusal."""
-    frame, old = read_parquet(out)
-    for key in ("probe_hash", "settings"):
-        if old.get(key) != metadata.get(key):
-            raise CdscopeError(
-                f"--resume: {out} was made with different {key.replace('_', ' ')} "
-                f"({old.get(key)} vs {metadata.get(key)}); use another --out or drop --resume"
-            )
-    return frame, old.get("models", [])
-
-
 def collect_control(
     model_specs: Sequence[str],
     pool: ProbePool,
     settings: ProbeSettings,
     out: Path,
     options: ModelOptions = ModelOptions(),
-    resume: bool = False,
+    resume: bool | str = False,
     console: Console | None = None,
     command: str = "probe",
     on_result: Callable[[str, int, ControlResult], None] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Measure every (model, seed); write ``out`` after each; return (frame, metadata)."""
+    """Measure every (model, seed); write ``out`` after each; return (frame, metadata).
+
+    ``resume``: False, True / 'keep' (reuse finished pairs whose model and settings
+    match, refuse otherwise) or 'recompute' (measure mismatching pairs again); see
+    ``cdscope.resume``.
+    """
     console = console or Console(stderr=True)
+    mode = resume_mode(resume)
     if len(set(model_specs)) != len(model_specs):
         raise CdscopeError("the same --model is given twice")
     metadata = run_metadata(
@@ -124,7 +111,7 @@ def collect_control(
         probe_hash=pool.hash,
         probe_files=list(pool.paths),
         families=pool.families,
-        seeds=list(settings.seeds),
+        seeds=describe_seeds(settings.seeds),
         settings=settings.comparable(),
         batch_size=settings.batch_size,
         fd_step=settings.fd_step if settings.estimator == "fd" else None,
@@ -133,8 +120,10 @@ def collect_control(
     )
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
-    if resume and out.is_file():
-        previous, metadata["models"] = _resume_state(out, metadata)
+    if mode and out.is_file():
+        previous, metadata["models"] = reusable_rows(
+            out, metadata, model_specs, options, mode, console
+        )
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
         console.print(

@@ -17,8 +17,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,9 +137,9 @@ def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_
     """
     from safetensors.torch import save_model
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+    from cdscope.io import atomic_dir
+
+    with atomic_dir(target) as tmp:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config = model.config.to_dict()
         config.pop("quantization_config", None)
@@ -149,12 +147,6 @@ def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
         (tmp / "cdscope-source.json").write_text(json.dumps({"gguf_sha256": source_hash}))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
@@ -169,6 +161,50 @@ def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
         _save_dequantised(model, tokenizer, target, _sha256_file(gguf))
     revision = "gguf-sha256:" + json.loads(marker.read_text())["gguf_sha256"][:16]
     return target, revision
+
+
+def _load_error(spec: str, exc: BaseException) -> CdscopeError:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return CdscopeError(
+        f"cannot load model {spec!r}: {type(exc).__name__}: {first} "
+        f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME})"
+    )
+
+
+def model_source(spec: str, console: object | None = None) -> tuple[str, str]:
+    """``(source, revision)`` of ``spec`` without loading its weights.
+
+    ``revision`` identifies the numbers the model computes (what ``--resume`` compares,
+    see docs/decisions.md): for local models a content hash — streamed SHA-256 of the
+    config and every weight file of a directory, of the GGUF file itself — for a hub id
+    the commit hash its config resolves to.
+    """
+    path = Path(spec).expanduser()
+    try:
+        if spec == EMBEDDED_NAME:
+            directory, revision = embedded_model_dir(console)
+            return str(directory), revision
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise CdscopeError(f"GGUF file not found: {path}")
+            return str(path.resolve()), "gguf-sha256:" + _sha256_file(path)[:16]
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise CdscopeError(
+                    f"{path} is a directory but has no config.json: not a model directory"
+                )
+            return str(path.resolve()), _weights_hash(path)
+        if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+            raise CdscopeError(f"model path not found: {spec}")
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(spec)
+        return spec, getattr(config, "_commit_hash", None) or "unknown"
+    except CdscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreadable files, unreachable hub: the user's input
+        raise _load_error(spec, exc) from exc
 
 
 def load_model(
@@ -192,44 +228,18 @@ def load_model(
     if attn != "auto":
         kwargs["attn_implementation"] = attn
 
-    path = Path(spec).expanduser()
+    source, revision = model_source(spec, console)
     try:
-        if spec == EMBEDDED_NAME:
-            directory, revision = embedded_model_dir(console)
-            source = str(directory)
-            model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
-            tokenizer = AutoTokenizer.from_pretrained(directory)
-        elif path.suffix == ".gguf":
-            if not path.is_file():
-                raise CdscopeError(f"GGUF file not found: {path}")
-            source, revision = str(path.resolve()), "gguf-sha256:" + _sha256_file(path)[:16]
-            model, tokenizer = _load_gguf(path)
+        if Path(source).suffix == ".gguf":
+            model, tokenizer = _load_gguf(Path(source))
             model = model.to(torch_dtype)
             if attn != "auto":
                 model.set_attn_implementation(attn)
-        elif path.is_dir():
-            if not (path / "config.json").is_file():
-                raise CdscopeError(
-                    f"{path} is a directory but has no config.json: not a model directory"
-                )
-            source, revision = str(path.resolve()), _weights_hash(path)
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        elif spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
-            raise CdscopeError(f"model path not found: {spec}")
         else:
-            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs)
-            tokenizer = AutoTokenizer.from_pretrained(spec)
-            source = spec
-            revision = getattr(model.config, "_commit_hash", None) or "unknown"
-    except CdscopeError:
-        raise
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CdscopeError(
-            f"cannot load model {spec!r}: {first} "
-            f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME})"
-        ) from exc
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as exc:  # noqa: BLE001 - any loader error (corrupt safetensors, ...) is the file's fault
+        raise _load_error(spec, exc) from exc
 
     model.to(torch_device)
     model.eval()

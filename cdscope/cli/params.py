@@ -19,9 +19,9 @@ import math
 from collections.abc import Callable
 
 import typer
+from cdscope.finite import COUNT_MAX, SEED_MAX
 
-SEED_MAX = 2**32 - 1
-COUNT_MAX = 1_000_000
+__all__ = ["COUNT_MAX", "SEED_MAX", "finite"]
 
 
 def finite(

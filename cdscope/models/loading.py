@@ -96,12 +96,21 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+_HASHED: dict[tuple, str] = {}  # this process's hashes, by (path, size, mtime, inode)
+
+
 def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+    """Streamed SHA-256 of a file's bytes; hashed once per process while the file's
+    size, mtime and inode stay the same (``--resume`` checks then loads the model)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _HASHED:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while block := handle.read(chunk):
+                digest.update(block)
+        _HASHED[key] = digest.hexdigest()
+    return _HASHED[key]
 
 
 def _weights_hash(directory: Path) -> str:

@@ -33,7 +33,7 @@ from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
 
 MAX_FAMILIES, MAX_GATES, MAX_TRIALS = 1_000, 100_000, 10_000_000  # random-ref bounds
-MAX_ELEMENTS = 1 << 25  # M x max(M, K) of one random-ref trial (256 MiB of float64)
+MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
 
 
 def _run_audit_command(

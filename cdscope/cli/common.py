@@ -62,7 +62,7 @@ def user_errors(func: F) -> F:
             )
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            err_console.print(f"[yellow]interrupted[/yellow]: {after_interrupt}")
+            err_console.print(f"[yellow]interrupted[/yellow]: {after_interrupt}", soft_wrap=True)
             raise typer.Exit(130) from None
 
     # Only commands with --resume can promise to continue; the others write whole files or none.

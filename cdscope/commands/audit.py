@@ -120,6 +120,22 @@ def check_probe_frame(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
             )
     if not pd.api.types.is_bool_dtype(frame["dropped"]):
         raise CdscopeError(f"{path}: column 'dropped' holds {frame['dropped'].dtype}, not booleans")
+    keys = ["model", "seed", "family", "gate"]
+    duplicated = frame.duplicated(keys)
+    if duplicated.any():
+        row = frame[duplicated].iloc[0]
+        raise CdscopeError(
+            f"{path}: (model, seed, family, gate) = ({row['model']!r}, {row['seed']}, "
+            f"{row['family']!r}, {row['gate']}) appears twice; measure again"
+        )
+    grid = frame.groupby(["model", "seed"])[["family", "gate"]].nunique()
+    sizes = frame.groupby(["model", "seed"]).size()
+    incomplete = sizes != grid["family"] * grid["gate"]
+    if incomplete.any():
+        model, seed = incomplete[incomplete].index[0]
+        raise CdscopeError(
+            f"{path}: model {model!r} seed {seed} lacks some (family, gate) rows; measure again"
+        )
     kept = ~frame["dropped"]
     for column, rows in (("ell", None), ("dl_dg", None), ("F", None), ("C", kept)):
         values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)

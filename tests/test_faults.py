@@ -172,7 +172,7 @@ def test_resume_refuses_changed_weights_dtype_and_recomputes_on_request(
     assert kept.exit_code == 0 and "keeping 2 finished" in kept.output
 
 
-def test_resume_refuses_another_model_under_the_same_name(tiny_model_dir, pool_file, tmp_path):
+def test_resume_refuses_a_file_without_model_identity(tiny_model_dir, pool_file, tmp_path):
     out = tmp_path / "p.parquet"
     assert invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--n", 1, "-o", out).exit_code == 0
     frame, meta = cio.read_parquet(out)

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from cdscope.batch import ProbeBatch
-from cdscope.gates import GatedModel, GateSet
 from cdscope.finite import require_finite
+from cdscope.gates import GatedModel, GateSet
 from cdscope.likelihood import row_target_logprobs
 
 EPS0 = 1e-4

@@ -78,10 +78,14 @@ def reusable_rows(
                     f"({old.get(key)} vs {metadata.get(key)}); use another --out, or "
                     "--resume=recompute to measure everything again"
                 )
-            console.print(f"[dim]--resume=recompute: {label} changed; measuring everything again[/dim]")
+            console.print(
+                f"[dim]--resume=recompute: {label} changed; measuring everything again[/dim]"
+            )
             return frame.iloc[0:0], []
     if "model" not in frame.columns:
-        raise CdscopeError(f"--resume: {out} has no model column; it is not an output of this command")
+        raise CdscopeError(
+            f"--resume: {out} has no model column; it is not an output of this command"
+        )
     models = [m for m in old.get("models", []) if isinstance(m, dict)]
     records = {m.get("name"): m for m in models}
     for spec in dict.fromkeys(frame["model"]):
@@ -98,7 +102,9 @@ def reusable_rows(
                 f"now {_describe(now)} ({changed} changed); use another --out, or "
                 "--resume=recompute to measure it again"
             )
-        console.print(f"[dim]--resume=recompute: {spec} changed ({changed}); measuring it again[/dim]")
+        console.print(
+            f"[dim]--resume=recompute: {spec} changed ({changed}); measuring it again[/dim]"
+        )
         frame = frame[frame["model"] != spec]
         models = [m for m in models if m.get("name") != spec]
     return frame, models

@@ -131,14 +131,18 @@ def test_safetensors_disk_full_while_checkpointing_keeps_the_previous_one(tmp_pa
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step-000001"]
 
 
-def test_disk_full_while_writing_the_probe_parquet(tiny_model_dir, pool_file, tmp_path, monkeypatch):
+def test_disk_full_while_writing_the_probe_parquet(
+    tiny_model_dir, pool_file, tmp_path, monkeypatch
+):
     def full(table, where):
         Path(where).write_bytes(b"half")
         raise ENOSPC
 
     monkeypatch.setattr(cio.pq, "write_table", full)
     out = tmp_path / "p.parquet"
-    refused(invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--n", 1, "-o", out), "disk full")
+    refused(
+        invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--n", 1, "-o", out), "disk full"
+    )
     assert not out.exists()
     no_leftovers(tmp_path)
 
@@ -165,7 +169,12 @@ def test_resume_refuses_changed_weights_dtype_and_recomputes_on_request(
     redone = invoke(*args, "--seeds", 2, "--resume=recompute")
     assert redone.exit_code == 0, redone.output
     fresh = tmp_path / "fresh.parquet"
-    assert invoke("probe", "-m", model_dir, "-p", pool_file, "--n", 1, "--seeds", 2, "-o", fresh).exit_code == 0
+    assert (
+        invoke(
+            "probe", "-m", model_dir, "-p", pool_file, "--n", 1, "--seeds", 2, "-o", fresh
+        ).exit_code
+        == 0
+    )
     got, want = pd.read_parquet(out), pd.read_parquet(fresh)
     np.testing.assert_allclose(got["C"].to_numpy(), want["C"].to_numpy(), rtol=1e-6)
     kept = invoke(*args, "--seeds", 2, "--resume")  # now everything matches: reused as is
@@ -174,7 +183,9 @@ def test_resume_refuses_changed_weights_dtype_and_recomputes_on_request(
 
 def test_resume_refuses_a_file_without_model_identity(tiny_model_dir, pool_file, tmp_path):
     out = tmp_path / "p.parquet"
-    assert invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--n", 1, "-o", out).exit_code == 0
+    assert (
+        invoke("probe", "-m", tiny_model_dir, "-p", pool_file, "--n", 1, "-o", out).exit_code == 0
+    )
     frame, meta = cio.read_parquet(out)
     meta["models"][0].pop("revision")  # a file from before content hashes: identity unknown
     cio.write_parquet(frame, out, meta)
@@ -256,9 +267,10 @@ def test_nan_weights_are_refused_naming_the_quantity(nan_model_dir, pool_file, t
 
 
 def test_nan_weights_in_training(tmp_path) -> None:
+    from test_train import parity_reward, write_tasks_file
+
     from cdscope.commands.train import run_train
     from cdscope.train.config import TrainConfig
-    from test_train import parity_reward, write_tasks_file
 
     model = tiny_model("llama")
     with torch.no_grad():
@@ -336,7 +348,9 @@ def test_from_file_with_corrupt_metadata(tmp_path) -> None:
 def test_non_finite_and_ignored_options_are_refused(tiny_model_dir, tmp_path) -> None:
     source = probe_file(tmp_path / "x.probe.parquet")
     for value in ("nan", "inf", "-1"):
-        result = invoke("bshared", "--from", source, "--fail-above", value, "-o", tmp_path / "b.parquet")
+        result = invoke(
+            "bshared", "--from", source, "--fail-above", value, "-o", tmp_path / "b.parquet"
+        )
         assert result.exit_code == 2 and "--fail-above" in result.output
     refused(invoke("bshared", "--from", source, "--seeds", 5, "-o", tmp_path / "b.parquet"),
             "--seeds does not apply to --from")  # fmt: skip
@@ -363,6 +377,8 @@ def test_interrupt_message_promises_resume_only_where_it_exists(monkeypatch, tmp
     result = invoke("random-ref", "-M", 3, "-K", 4, "-o", tmp_path / "r.parquet")
     assert result.exit_code == 130 and "interrupted" in result.output
     assert "rerun with --resume" not in result.output and "no --resume" in result.output
-    monkeypatch.setattr(cio, "check_writable", lambda path: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(
+        cio, "check_writable", lambda path: (_ for _ in ()).throw(KeyboardInterrupt())
+    )
     result = invoke("probe", "-o", tmp_path / "p.parquet")
     assert result.exit_code == 130 and "rerun with --resume" in result.output

@@ -39,8 +39,28 @@ MISSING_MODEL = "/nonexistent/cdscope-fuzz-model"
 NUMBER = st.one_of(
     st.integers(min_value=-(2**80), max_value=2**80).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-    st.sampled_from(["nan", "-nan", "inf", "-inf", "1e23", "1e400", "-0", "", " ", "0x10",
-                     "1_000", "3.", ".5", "1e-400", "NaN", "infinity", "2**40", "١٢"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "nan",
+            "-nan",
+            "inf",
+            "-inf",
+            "1e23",
+            "1e400",
+            "-0",
+            "",
+            " ",
+            "0x10",
+            "1_000",
+            "3.",
+            ".5",
+            "1e-400",
+            "NaN",
+            "infinity",
+            "2**40",
+            "١٢",
+        ]
+    ),  # fmt: skip
 )
 
 
@@ -68,9 +88,18 @@ def files(tmp_path_factory) -> dict[str, Path]:
     tasks = root / "tasks.jsonl"
     tasks.write_text(
         "".join(
-            json.dumps({"id": f"math/t/{s}/{i}", "family": "math", "prompt": f"{i}+1=",
-                        "verifier": "math", "answer": str(i + 1)}) + "\n"
-            for s in ("eval", "train") for i in range(3)
+            json.dumps(
+                {
+                    "id": f"math/t/{s}/{i}",
+                    "family": "math",
+                    "prompt": f"{i}+1=",
+                    "verifier": "math",
+                    "answer": str(i + 1),
+                }
+            )
+            + "\n"
+            for s in ("eval", "train")
+            for i in range(3)
         )  # fmt: skip
     )
     rows = [
@@ -82,8 +111,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     probe = cio.write_parquet(
         pd.DataFrame(rows, columns=FRAME_COLUMNS),
         root / "x.probe.parquet",
-        {"settings": {"n": 3, "template": "plain", "estimator": "autograd"},
-         "models": [{"name": "m", "K": 4}], "probe_hash": "sha256:x"},  # fmt: skip
+        {
+            "settings": {"n": 3, "template": "plain", "estimator": "autograd"},
+            "models": [{"name": "m", "K": 4}],
+            "probe_hash": "sha256:x",
+        },  # fmt: skip
     )
     return {"pool": pool, "tasks": tasks, "probe": probe}
 
@@ -151,7 +183,9 @@ def test_random_ref_bounds(tmp_path, value: str, option: str) -> None:
         value = "201"  # valid but slow trial counts: the bound is what is under test
     args = {"-T": "2", "-M": "3", "-K": "4", "--seed": "0"} | {option: value}
     out = fresh(tmp_path) / "r.parquet"
-    result = runner.invoke(app, ["random-ref", *[x for kv in args.items() for x in kv], "-o", str(out)])
+    result = runner.invoke(
+        app, ["random-ref", *[x for kv in args.items() for x in kv], "-o", str(out)]
+    )
     clean(result, [out], tmp_path)
 
 
@@ -207,7 +241,9 @@ def test_corrupted_parquet_files(files, tmp_path, data) -> None:
     else:
         frame, meta = cio.read_parquet(files["probe"])
         if kind == "value":
-            column = data.draw(st.sampled_from(["C", "F", "ell", "dl_dg", "seed", "gate", "dropped"]))
+            column = data.draw(
+                st.sampled_from(["C", "F", "ell", "dl_dg", "seed", "gate", "dropped"])
+            )
             row = data.draw(st.integers(0, len(frame) - 1))
             value = data.draw(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                                         st.text(max_size=4), st.none(), st.integers(-5, 5)))  # fmt: skip

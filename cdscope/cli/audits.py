@@ -24,9 +24,9 @@ from cdscope.cli.common import (
     ResumeOpt,
     _models,
     app,
-    resume_arg,
     err_console,
     out_console,
+    resume_arg,
     user_errors,
 )
 from cdscope.cli.params import SEED_MAX, finite
@@ -269,19 +269,20 @@ _register_audit_command(
 def random_ref(
     families: Annotated[
         int,
-        typer.Option(
-            "--families", "-M", max=MAX_FAMILIES, help="Number of families M (rows)."
-        ),
+        typer.Option("--families", "-M", max=MAX_FAMILIES, help="Number of families M (rows)."),
     ] = 3,
     gates: Annotated[
         int | None,
-        typer.Option("--gates", "-K", max=MAX_GATES, help="Number of gates K (columns); default: K of --model."),
+        typer.Option(
+            "--gates",
+            "-K",
+            max=MAX_GATES,
+            help="Number of gates K (columns); default: K of --model.",
+        ),
     ] = None,
     trials: Annotated[
         int,
-        typer.Option(
-            "--trials", "-T", max=MAX_TRIALS, help="Number of random matrices T."
-        ),
+        typer.Option("--trials", "-T", max=MAX_TRIALS, help="Number of random matrices T."),
     ] = 50_000,
     seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="RNG seed.")] = 0,
     value: Annotated[

@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 from cdscope.cli.params import COUNT_MAX
 from cdscope.errors import AuditFailed, CdscopeError
 
+
 class _Group(TyperGroup):
     """Reads ``--resume=recompute`` as ``--resume --recompute`` (and ``--resume=keep`` as
     ``--resume``): Typer's options cannot take an optional value."""

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from cdscope.cli.params import COUNT_MAX, SEED_MAX
 from cdscope.cli.common import (
     AttnOpt,
     BatchOpt,
@@ -20,6 +19,7 @@ from cdscope.cli.common import (
     out_console,
     user_errors,
 )
+from cdscope.cli.params import COUNT_MAX, SEED_MAX
 
 
 @app.command("eap-info")
@@ -40,7 +40,10 @@ def eap_info(
         typer.Option("--family", "-f", help="Probe family whose prompts are answered and scored."),
     ] = "math",
     n: Annotated[
-        int, typer.Option("--n", min=1, max=COUNT_MAX, help="Samples drawn from the family (seeded, SPEC §4).")
+        int,
+        typer.Option(
+            "--n", min=1, max=COUNT_MAX, help="Samples drawn from the family (seeded, SPEC §4)."
+        ),
     ] = 5,
     seed: Annotated[
         int,

@@ -19,8 +19,8 @@ from cdscope.cli.common import (
     ResumeOpt,
     app,
     err_console,
-    resume_arg,
     out_console,
+    resume_arg,
     user_errors,
 )
 from cdscope.cli.params import COUNT_MAX, SEED_MAX, finite
@@ -180,8 +180,10 @@ def eval_command(
             "--temperature", parser=finite(0, 100), help="Sampling temperature (0 = greedy)."
         ),
     ] = 0.6,
-    top_p: Annotated[float,
-        typer.Option("--top-p", parser=finite(0, 1, low_open=True), help="Nucleus sampling mass."),] = 1.0,
+    top_p: Annotated[
+        float,
+        typer.Option("--top-p", parser=finite(0, 1, low_open=True), help="Nucleus sampling mass."),
+    ] = 1.0,
     max_new_tokens: Annotated[
         str | None,
         typer.Option(
@@ -226,7 +228,9 @@ def eval_command(
     timeout: Annotated[
         float, typer.Option("--timeout", parser=finite(0.1, 3600), help="Seconds per code test.")
     ] = 5.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Parallel code sandboxes.")] = 2,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, max=256, help="Parallel code sandboxes.")
+    ] = 2,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",

@@ -21,9 +21,9 @@ from cdscope.cli.common import (
     TemplateOpt,
     _models,
     app,
-    resume_arg,
     err_console,
     out_console,
+    resume_arg,
     user_errors,
 )
 from cdscope.cli.params import SEED_MAX, finite
@@ -136,7 +136,10 @@ def gradcheck(
     ] = False,
     batch_size: BatchOpt = None,
     first_seed: Annotated[
-        int, typer.Option("--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1.")
+        int,
+        typer.Option(
+            "--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1."
+        ),
     ] = 0,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 
 import typer
+
 from cdscope.finite import COUNT_MAX, SEED_MAX
 
 __all__ = ["COUNT_MAX", "SEED_MAX", "finite"]

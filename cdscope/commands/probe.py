@@ -43,9 +43,7 @@ def measure(
     try:
         if settings.estimator == "autograd":
             return control_autograd(gm, batch, batch_size)
-        return control_finite_difference(
-            gm, batch, settings.fd_step, batch_size and 8 * batch_size
-        )
+        return control_finite_difference(gm, batch, settings.fd_step, batch_size and 8 * batch_size)
     except NonFinite as exc:
         raise exc.at(f"at seed {seed} of model {loaded.name!r}") from None
 

@@ -382,3 +382,31 @@ def test_interrupt_message_promises_resume_only_where_it_exists(monkeypatch, tmp
     )
     result = invoke("probe", "-o", tmp_path / "p.parquet")
     assert result.exit_code == 130 and "rerun with --resume" in result.output
+
+
+def test_eval_resume_refuses_changed_weights(tiny_model_dir, tmp_path) -> None:
+    model_dir = tmp_path / "ckpt"
+    shutil.copytree(tiny_model_dir, model_dir)
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"math/a/{i}",
+                    "family": "math",
+                    "prompt": f"{i}+1=",
+                    "verifier": "math",
+                    "answer": str(i + 1),
+                }
+            )
+            + "\n"
+            for i in range(2)
+        )  # fmt: skip
+    )
+    args = ("eval", "-m", model_dir, "--tasks", tasks, "--n", 1, "--max-new-tokens", 2)
+    assert invoke(*args, "--limit", 1, "-o", tmp_path / "ev").exit_code == 0
+    save(tiny_model("llama", attn="sdpa", seed=2), model_dir)
+    refused(invoke(*args, "--resume", "-o", tmp_path / "ev"), "revision changed")
+    redone = invoke(*args, "--resume=recompute", "-o", tmp_path / "ev")
+    assert redone.exit_code == 0, redone.output
+    assert len(pd.read_parquet(tmp_path / "ev" / "samples.parquet")) == 2

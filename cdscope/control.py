@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from cdscope.batch import ProbeBatch
+from cdscope.finite import require_finite
 from cdscope.gates import GatedModel, GateSet
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.placement import execution_device
@@ -49,6 +50,15 @@ class ControlResult:
     dl_dg: np.ndarray  # [M, K]
     F: np.ndarray  # [M, K]
     estimator: str
+
+    def __post_init__(self) -> None:
+        """No measurement with a NaN or inf in it exists: refuse it here, naming the first
+        bad quantity (``finite.require_finite``), for every estimator and every caller."""
+        require_finite(
+            (f"{name} of family {family!r}", values[m])
+            for m, family in enumerate(self.families)
+            for name, values in (("l_m", self.ell), ("dl_m/dg", self.dl_dg), ("F", self.F))
+        )
 
     @property
     def dropped(self) -> list[str]:

@@ -62,6 +62,7 @@ from torch.utils.hooks import RemovableHandle
 from cdscope.batch import ProbeBatch
 from cdscope.control import _chunks, frozen_parameters
 from cdscope.errors import CdscopeError
+from cdscope.finite import require_finite
 from cdscope.gates import _first_tensor
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.adapters import adapter_for
@@ -337,6 +338,14 @@ class EdgeScores:
     scores: np.ndarray
     loss: np.ndarray
     n_answer_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        """NaN/inf losses or scores (non-finite weights) are refused, naming the first."""
+        require_finite(
+            (f"{name} of sample {i}", values[i])
+            for i in range(len(self.loss))
+            for name, values in (("answer loss", self.loss), ("edge scores", self.scores))
+        )
 
 
 def edge_scores(model: nn.Module, batch: ProbeBatch, batch_size: int | None = None) -> EdgeScores:

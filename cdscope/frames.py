@@ -6,6 +6,8 @@ file (``--from``) import this, not the model stack.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,8 +61,22 @@ class ProbeSettings:
             raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
 
     def comparable(self) -> dict:
-        """The settings two runs must share for their numbers to be paired."""
-        return {"n": self.n, "template": self.template, "estimator": self.estimator}
+        """The settings two runs must share for their numbers to be paired (and that
+        ``--resume`` compares): n, template, estimator, and the fd stencil when used."""
+        same = {"n": self.n, "template": self.template, "estimator": self.estimator}
+        if self.estimator == "fd":
+            same |= {"fd_step": self.fd_step, "fd_order": self.fd_order}
+        return same
+
+
+def describe_seeds(seeds: Sequence[int]) -> str:
+    """Compact metadata for a seed list: ``'0..999'`` for a contiguous ascending range
+    (every list cdscope makes), else its count and a hash (never the whole list)."""
+    seeds = [int(s) for s in seeds]
+    if seeds and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}..{seeds[-1]}"
+    digest = hashlib.sha256(",".join(map(str, seeds)).encode()).hexdigest()[:16]
+    return f"{len(seeds)} seeds, sha256:{digest}"
 
 
 @dataclass(frozen=True)

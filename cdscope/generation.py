@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 from cdscope.errors import CdscopeError
+from cdscope.finite import require_finite
+from cdscope.models.adapters import check_fits
 from cdscope.models.placement import execution_device
 
 
@@ -91,6 +93,23 @@ def completion_mask(completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> tor
     # eos strictly before position t <=> cumulative count up to t-1 > 0
     before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
     return before == 0
+
+
+def finite_logits() -> object:
+    """A ``logits_processor`` list for ``generate`` that refuses NaN / +inf next-token
+    logits (non-finite weights) with one line, instead of sampling from NaN (a torch
+    error) or decoding greedy garbage. -inf stays legal (masked tokens)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class FiniteLogits(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if bool((torch.isnan(scores) | torch.isposinf(scores)).any()):
+                masked = scores.masked_fill(torch.isneginf(scores), 0.0)
+                where = f"after {input_ids.shape[1]} tokens"
+                require_finite([("next-token logits [row, token]", masked)], where)
+            return scores
+
+    return LogitsProcessorList([FiniteLogits()])
 
 
 def _validate(
@@ -161,6 +180,7 @@ def sample(
         use_cache=True,
         num_beams=1,
         repetition_penalty=1.0,
+        logits_processor=finite_logits(),
     )
     if temperature > 0:
         options.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0)
@@ -183,6 +203,10 @@ def sample(
             )
             input_ids = enc["input_ids"].to(device)
             attention = enc["attention_mask"].to(device)
+            check_fits(
+                model, input_ids.shape[1] + max_new_tokens, "prompt + --max-new-tokens",
+                "lower --max-new-tokens or shorten the prompts",
+            )  # fmt: skip
             with torch.random.fork_rng(devices=fork), torch.no_grad():
                 torch.manual_seed(chunk_seed(seed, chunk))
                 out = model.generate(  # type: ignore[operator]

@@ -9,15 +9,18 @@ into place, so a crash or Ctrl-C never leaves a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import importlib.metadata
 import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -82,19 +85,83 @@ def _umask() -> int:
     return current
 
 
+class WriteFailed(CdscopeError):
+    """An output could not be written; the temporary file or folder is already removed."""
+
+    def __init__(self, target: Path, reason: str) -> None:
+        self.target, self.reason = target, reason
+        super().__init__(
+            f"could not write {target} ({reason}); nothing was left there: "
+            "free space or choose another output path"
+        )
+
+
+def _failure_reason(exc: BaseException) -> str:
+    """'disk full' for ENOSPC in any writer's words (OSError, safetensors, Arrow), else the
+    first line of the error."""
+    text = str(exc).strip()
+    if getattr(exc, "errno", None) == errno.ENOSPC or any(
+        word in text for word in ("No space left", "StorageFull", "os error 28")
+    ):
+        return "disk full"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _failed(target: Path, exc: BaseException) -> BaseException:
+    """What an atomic write re-raises: Ctrl-C and our own errors as they are, any other
+    exception of the writer (OSError, safetensors' SafetensorError, Arrow errors, ...)
+    as one ``WriteFailed`` line."""
+    if isinstance(exc, CdscopeError) or not isinstance(exc, Exception):
+        return exc
+    return WriteFailed(target, _failure_reason(exc))
+
+
 def atomic_write_bytes(path: str | Path, write: object) -> None:
-    """Call ``write(tmp_path)`` and rename the temporary file onto ``path``."""
+    """Call ``write(tmp_path)`` and rename the temporary file onto ``path``.
+
+    On any failure the temporary file is removed and ``path`` keeps its old content;
+    writer errors become a one-line ``WriteFailed`` (see ``_failed``).
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
         write(tmp)  # type: ignore[operator]
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        failure = _failed(target, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a hidden temporary folder beside ``path``; when the block ends without error
+    it replaces ``path``, otherwise it is removed and writer errors become ``WriteFailed``."""
+    target = Path(path)
+    tmp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        failure = _failed(target, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path, metadata: dict) -> Path:
@@ -116,12 +183,20 @@ def read_parquet(path: str | Path) -> tuple[pd.DataFrame, dict]:
         raise CdscopeError(f"file not found: {source}")
     try:
         table = pq.read_table(source)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise CdscopeError(f"{source} is not a readable Parquet file: {exc}") from exc
+        frame = table.to_pandas()
+    except (OSError, pa.ArrowException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CdscopeError(f"{source} is not a readable Parquet file: {first}") from exc
     raw = (table.schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise CdscopeError(f"{source} has no cdscope metadata: it was not written by cdscope")
-    return table.to_pandas(), json.loads(raw)
+    try:
+        metadata = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CdscopeError(f"{source}: its cdscope metadata is not valid JSON ({exc})") from exc
+    if not isinstance(metadata, dict):
+        raise CdscopeError(f"{source}: its cdscope metadata is not a JSON object")
+    return frame, metadata
 
 
 def json_record(line: str, where: str, required: Sequence[str]) -> dict:

@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from cdscope.batch import ProbeBatch
+from cdscope.models.adapters import check_fits
 
 
 def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -32,6 +33,7 @@ def row_target_logprobs(model: nn.Module, batch: ProbeBatch, rows: torch.Tensor)
     Padding is trimmed to the longest row of ``rows``.
     """
     width = int(batch.lengths[rows].max())
+    check_fits(model, width, "a probe row (prompt + target)", "use shorter probe items")
     input_ids = batch.input_ids[rows.to(batch.input_ids.device), :width]
     hidden = model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
     local, pos, labels = batch.predicting_positions(rows)

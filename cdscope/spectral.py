@@ -303,7 +303,7 @@ def random_reference(
     K = _positive_int(K, "K")
     trials = _positive_int(trials, "trials")
     if chunk is None:
-        chunk = max(1, _CHUNK_ELEMENTS // (M * K))
+        chunk = max(1, _CHUNK_ELEMENTS // (M * max(M, K)))  # X is M x K, X X^T is M x M
     chunk = _positive_int(chunk, "chunk")
 
     rng = np.random.default_rng(seed)

@@ -23,6 +23,7 @@ from cdscope.cli.common import (
     OffloadDirOpt,
     PlotOpt,
     ProbeOpt,
+    RecomputeOpt,
     ResumeOpt,
     RevisionOpt,
     TrustRemoteCodeOpt,
@@ -32,10 +33,14 @@ from cdscope.cli.common import (
     model_options,
     out_console,
     print_json,
+    resume_arg,
     user_errors,
 )
+from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
+
+MAX_FAMILIES, MAX_GATES, MAX_TRIALS = 1_000, 100_000, 10_000_000  # random-ref bounds
 
 
 def _run_audit_command(
@@ -49,7 +54,7 @@ def _run_audit_command(
     plot: Path | None,
     as_json: bool,
     from_path: Path | None,
-    resume: bool,
+    resume: bool | str,
     batch_size: int | None,
     options,  # noqa: ANN001 - cdscope.frames.ModelOptions
 ):
@@ -62,8 +67,14 @@ def _run_audit_command(
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
-    if from_path is not None and resume:
-        raise CdscopeError("--resume continues a measurement; it does not apply to --from")
+    if from_path is not None:
+        given = {"--resume": resume, "--seeds": seeds, "--probe": probe, "--batch-size": batch_size}
+        ignored = [flag for flag, value in given.items() if value]
+        if ignored:
+            raise CdscopeError(
+                f"{', '.join(ignored)} does not apply to --from, which reads the seeds and "
+                "probe of an existing file: drop it (or measure again without --from)"
+            )
     settings = ProbeSettings(  # unset options: ProbeSettings' defaults (3 seeds for audits)
         tuple(range(seeds or 3)),
         n or ProbeSettings.n,
@@ -135,11 +146,13 @@ def bshared(
         float | None,
         typer.Option(
             "--fail-above",
+            parser=finite(0, 100),
             help="CI gate: exit 1 if a model's mean B_shared(C) exceeds PCT percent.",
         ),
     ] = None,
     from_path: FromOpt = None,
     resume: ResumeOpt = False,
+    recompute: RecomputeOpt = False,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -169,7 +182,7 @@ def bshared(
         plot,
         as_json,
         from_path,
-        resume,
+        resume_arg(resume, recompute),
         batch_size,
         model_options(
             device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
@@ -209,6 +222,7 @@ def _register_audit_command(command: str, doc: str) -> None:
         as_json: JsonOpt = False,
         from_path: FromOpt = None,
         resume: ResumeOpt = False,
+        recompute: RecomputeOpt = False,
         batch_size: BatchOpt = None,
         device: DeviceOpt = "auto",
         dtype: DtypeOpt = "auto",
@@ -223,8 +237,8 @@ def _register_audit_command(command: str, doc: str) -> None:
             device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
         )
         spec, result, outputs = _run_audit_command(
-            command, model, seeds, n, probe, template, out, plot, as_json, from_path, resume,
-            batch_size, options,
+            command, model, seeds, n, probe, template, out, plot, as_json, from_path,
+            resume_arg(resume, recompute), batch_size, options,
         )  # fmt: skip
         if plot is not None:
             from cdscope.commands.audit import draw_audit
@@ -260,16 +274,23 @@ _register_audit_command(
 @user_errors
 def random_ref(
     families: Annotated[
-        int, typer.Option("--families", "-M", help="Number of families M (rows).")
+        int,
+        typer.Option("--families", "-M", max=MAX_FAMILIES, help="Number of families M (rows)."),
     ] = 3,
     gates: Annotated[
         int | None,
-        typer.Option("--gates", "-K", help="Number of gates K (columns); default: K of --model."),
+        typer.Option(
+            "--gates",
+            "-K",
+            max=MAX_GATES,
+            help="Number of gates K (columns); default: K of --model.",
+        ),
     ] = None,
     trials: Annotated[
-        int, typer.Option("--trials", "-T", help="Number of random matrices T.")
+        int,
+        typer.Option("--trials", "-T", max=MAX_TRIALS, help="Number of random matrices T."),
     ] = 50_000,
-    seed: Annotated[int, typer.Option("--seed", help="RNG seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="RNG seed.")] = 0,
     value: Annotated[
         float | None,
         typer.Option("--value", help="A measured B_shared in percent: report its percentile."),
@@ -292,6 +313,8 @@ def random_ref(
     from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
     from cdscope.render import random_ref_table
 
+    if gates is not None and model is not None:  # -K would be silently ignored
+        raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
 import os
 import sys
@@ -16,11 +17,24 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
+from cdscope.cli.params import COUNT_MAX
 from cdscope.errors import AuditFailed, CdscopeError
 from cdscope.messages import make_console, say, warn
 
+
+class _Group(TyperGroup):
+    """Reads ``--resume=recompute`` as ``--resume --recompute`` (and ``--resume=keep`` as
+    ``--resume``): Typer's options cannot take an optional value."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        spelled = {"--resume=recompute": ["--resume", "--recompute"], "--resume=keep": ["--resume"]}
+        return super().parse_args(ctx, [a for arg in args for a in spelled.get(arg, [arg])])
+
+
 app = typer.Typer(
+    cls=_Group,
     name="cdscope",
     help="Gated sublayer control diagnostics for RL post-training of language models.",
     no_args_is_help=True,
@@ -59,8 +73,15 @@ def user_errors(func: F) -> F:
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err_console.quiet = not main
-            warn(err_console, "finished seeds are kept; rerun with --resume", "interrupted:")
+            warn(err_console, after_interrupt, "interrupted:")
             raise typer.Exit(130) from None
+
+    # Only commands with --resume can promise to continue; the others write whole files or none.
+    after_interrupt = (
+        "finished work is kept; rerun with --resume"
+        if "resume" in inspect.signature(func).parameters
+        else "every file is written whole or not at all; this command has no --resume, rerun it"
+    )
 
     return wrapper  # type: ignore[return-value]
 
@@ -83,9 +104,14 @@ ModelOpt = Annotated[
     ),
 ]
 SeedsOpt = Annotated[
-    int, typer.Option("--seeds", "-s", min=1, help="Number of probe seeds S (seeds 0..S-1).")
+    int,
+    typer.Option(
+        "--seeds", "-s", min=1, max=COUNT_MAX, help="Number of probe seeds S (seeds 0..S-1)."
+    ),
 ]
-NOpt = Annotated[int, typer.Option("--n", min=1, help="Probe samples per family per seed.")]
+NOpt = Annotated[
+    int, typer.Option("--n", min=1, max=COUNT_MAX, help="Probe samples per family per seed.")
+]
 ProbeOpt = Annotated[
     list[Path] | None,
     typer.Option(
@@ -141,8 +167,27 @@ BatchOpt = Annotated[
 ]
 ResumeOpt = Annotated[
     bool,
-    typer.Option("--resume", help="Keep finished (model, seed) pairs of an interrupted --out."),
+    typer.Option(
+        "--resume",
+        help="Keep finished (model, seed) pairs of an interrupted --out whose model content "
+        "hash, dtype and settings match; refuse otherwise (--resume=recompute: redo those).",
+    ),
 ]
+RecomputeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--recompute",
+        help="With --resume (also spelled --resume=recompute): measure again the pairs whose "
+        "model or settings changed, instead of refusing.",
+    ),
+]
+
+
+def resume_arg(resume: bool, recompute: bool) -> bool | str:
+    """The ``resume`` argument of the workflows: False, True ('keep') or 'recompute'."""
+    if recompute and not resume:
+        raise CdscopeError("--recompute only applies with --resume (spell it --resume=recompute)")
+    return "recompute" if recompute else resume
 
 
 def _version(value: bool) -> None:
@@ -235,11 +280,18 @@ FromOpt = Annotated[
 AuditSeedsOpt = Annotated[
     int | None,
     typer.Option(
-        "--seeds", "-s", min=1, help="Number of probe seeds S (seeds 0..S-1) [default: 3]."
+        "--seeds",
+        "-s",
+        min=1,
+        max=COUNT_MAX,
+        help="Number of probe seeds S (seeds 0..S-1) [default: 3].",
     ),
 ]
 AuditNOpt = Annotated[
-    int | None, typer.Option("--n", min=1, help="Probe samples per family per seed [default: 3].")
+    int | None,
+    typer.Option(
+        "--n", min=1, max=COUNT_MAX, help="Probe samples per family per seed [default: 3]."
+    ),
 ]
 AuditTemplateOpt = Annotated[
     str | None,

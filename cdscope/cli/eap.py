@@ -27,6 +27,7 @@ from cdscope.cli.common import (
     print_json,
     user_errors,
 )
+from cdscope.cli.params import COUNT_MAX, SEED_MAX
 from cdscope.messages import wrote
 
 
@@ -48,10 +49,16 @@ def eap_info(
         typer.Option("--family", "-f", help="Probe family whose prompts are answered and scored."),
     ] = "math",
     n: Annotated[
-        int, typer.Option("--n", min=1, help="Samples drawn from the family (seeded, SPEC §4).")
+        int,
+        typer.Option(
+            "--n", min=1, max=COUNT_MAX, help="Samples drawn from the family (seeded, SPEC §4)."
+        ),
     ] = 5,
     seed: Annotated[
-        int, typer.Option("--seed", help="Probe draw seed; also seeds the bootstrap.")
+        int,
+        typer.Option(
+            "--seed", min=0, max=SEED_MAX, help="Probe draw seed; also seeds the bootstrap."
+        ),
     ] = 0,
     probe: ProbeOpt = None,
     out: Annotated[

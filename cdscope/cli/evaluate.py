@@ -18,6 +18,7 @@ from cdscope.cli.common import (
     MaxMemoryOpt,
     OffloadDirOpt,
     PlotOpt,
+    RecomputeOpt,
     ResumeOpt,
     RevisionOpt,
     TrustRemoteCodeOpt,
@@ -26,8 +27,10 @@ from cdscope.cli.common import (
     model_options,
     out_console,
     print_json,
+    resume_arg,
     user_errors,
 )
+from cdscope.cli.params import COUNT_MAX, SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.messages import VerbatimTable, wrote
 
@@ -177,12 +180,18 @@ def eval_command(
         list[Path] | None,
         typer.Option("--tasks", help="Task JSONL file(s) (default: the shipped eval sets)."),
     ] = None,
-    n: Annotated[int, typer.Option("--n", min=1, help="Samples per problem.")] = 4,
+    n: Annotated[int, typer.Option("--n", min=1, max=COUNT_MAX, help="Samples per problem.")] = 4,
     k: Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")] = "1",
     temperature: Annotated[
-        float, typer.Option("--temperature", min=0.0, help="Sampling temperature (0 = greedy).")
+        float,
+        typer.Option(
+            "--temperature", parser=finite(0, 100), help="Sampling temperature (0 = greedy)."
+        ),
     ] = 0.6,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
+    top_p: Annotated[
+        float,
+        typer.Option("--top-p", parser=finite(0, 1, low_open=True), help="Nucleus sampling mass."),
+    ] = 1.0,
     max_new_tokens: Annotated[
         str | None,
         typer.Option(
@@ -191,7 +200,8 @@ def eval_command(
         ),
     ] = None,
     seed: Annotated[
-        int, typer.Option("--seed", min=0, help="Run seed (per problem: seed x id).")
+        int,
+        typer.Option("--seed", min=0, max=SEED_MAX, help="Run seed (per problem: seed x id)."),
     ] = 0,
     limit: Annotated[
         int | None, typer.Option("--limit", min=1, help="First N problems of each benchmark.")
@@ -206,6 +216,7 @@ def eval_command(
     ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("results/eval"),
     resume: ResumeOpt = False,
+    recompute: RecomputeOpt = False,
     plot: PlotOpt = None,
     audit: Annotated[
         bool, typer.Option("--audit", help="Audit the eval sets against train + probe sets.")
@@ -223,9 +234,11 @@ def eval_command(
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds per code test.")
+        float, typer.Option("--timeout", parser=finite(0.1, 3600), help="Seconds per code test.")
     ] = 5.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel code sandboxes.")] = 2,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, max=256, help="Parallel code sandboxes.")
+    ] = 2,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
@@ -249,15 +262,23 @@ def eval_command(
     options = model_options(
         device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
     )
+    resume_with = resume_arg(resume, recompute)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
     loaded_tasks = load_tasks(task_paths)
+    token_caps = parse_max_new_tokens(max_new_tokens)
+    unknown = sorted(set(token_caps) - {"*"} - {t.family for t in loaded_tasks})
+    if unknown:
+        raise CdscopeError(
+            f"--max-new-tokens names domain(s) {', '.join(unknown)} that no loaded task has "
+            f"(domains: {', '.join(sorted({t.family for t in loaded_tasks}))})"
+        )
     settings = EvalSettings(
         n=n,
         ks=tuple(parse_ks(k)),
         temperature=temperature,
         top_p=top_p,
         seed=seed,
-        max_new_tokens=parse_max_new_tokens(max_new_tokens),
+        max_new_tokens=token_caps,
         limit=limit,
         batch_size=batch_size,
         backend=backend,
@@ -306,7 +327,7 @@ def eval_command(
         settings,
         out,
         options,
-        resume,
+        resume_with,
         hard_ids,
         err_console,
     )

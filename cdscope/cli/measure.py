@@ -19,6 +19,7 @@ from cdscope.cli.common import (
     NOpt,
     OffloadDirOpt,
     ProbeOpt,
+    RecomputeOpt,
     ResumeOpt,
     RevisionOpt,
     SeedsOpt,
@@ -30,8 +31,10 @@ from cdscope.cli.common import (
     model_options,
     out_console,
     print_json,
+    resume_arg,
     user_errors,
 )
+from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.frames import ProbeSettings  # light (no torch): the probe defaults live there
 from cdscope.messages import wrote
@@ -55,7 +58,10 @@ def probe(
         ),
     ] = ProbeSettings.estimator,
     fd_step: Annotated[
-        float, typer.Option("--fd-step", help="Gate step h of the fd estimator.")
+        float,
+        typer.Option(
+            "--fd-step", parser=finite(0, 1, low_open=True), help="Gate step h of the fd estimator."
+        ),
     ] = ProbeSettings.fd_step,
     fd_order: Annotated[
         int,
@@ -74,6 +80,7 @@ def probe(
     revision: RevisionOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
+    recompute: RecomputeOpt = False,
 ) -> None:
     """Measure the control matrix C, activation matrix F and l_m per family (SPEC §2).
 
@@ -99,7 +106,7 @@ def probe(
         settings,
         target,
         options,
-        resume,
+        resume_arg(resume, recompute),
         err_console,
     )
     if as_json:
@@ -139,8 +146,8 @@ def _eps_list(text: str) -> list[float]:
         raise CdscopeError(
             f"--eps takes comma-separated numbers like 0.05,0.01; got {text!r}"
         ) from None
-    if not values or any(v <= 0 for v in values):
-        raise CdscopeError(f"--eps values must be positive; got {text!r}")
+    if not values or not all(0 < v < 1 for v in values):  # NaN fails every comparison
+        raise CdscopeError(f"--eps values must be finite numbers in (0, 1); got {text!r}")
     return values
 
 
@@ -176,7 +183,10 @@ def gradcheck(
     max_memory: MaxMemoryOpt = None,
     offload_dir: OffloadDirOpt = None,
     first_seed: Annotated[
-        int, typer.Option("--first-seed", min=0, help="Seeds run first-seed .. first-seed+seeds-1.")
+        int,
+        typer.Option(
+            "--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1."
+        ),
     ] = 0,
     as_json: JsonOpt = False,
 ) -> None:

@@ -93,7 +93,8 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
     """A ``probe`` Parquet for ``--from``: schema and explicitly requested settings checked."""
     frame, metadata = read_parquet(path)
     check_probe_frame(frame, str(path))
-    settings = metadata.get("settings", {})
+    check_probe_file(frame, metadata, path)
+    settings = metadata["settings"]
     for key, wanted in expect.items():
         if wanted is not None and settings.get(key) != wanted:
             raise CdscopeError(
@@ -101,6 +102,49 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
                 "drop the option or measure again"
             )
     return frame, metadata
+
+
+def check_probe_file(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
+    """Refuse a probe file whose columns or metadata cdscope could not have written:
+    non-integer seeds or gates, non-boolean ``dropped``, a NaN/inf in l_m, dl/dg, F or
+    in C of a kept family (naming the first), metadata without settings/models."""
+    if not isinstance(metadata.get("settings"), dict) or not isinstance(
+        metadata.get("models", []), list
+    ):
+        raise CdscopeError(f"{path}: its metadata has no settings/models; not a probe file")
+    for column in ("seed", "gate"):
+        if not pd.api.types.is_integer_dtype(frame[column]):
+            raise CdscopeError(
+                f"{path}: column {column!r} holds {frame[column].dtype} values, not integers"
+            )
+    if not pd.api.types.is_bool_dtype(frame["dropped"]):
+        raise CdscopeError(f"{path}: column 'dropped' holds {frame['dropped'].dtype}, not booleans")
+    keys = ["model", "seed", "family", "gate"]
+    duplicated = frame.duplicated(keys)
+    if duplicated.any():
+        row = frame[duplicated].iloc[0]
+        raise CdscopeError(
+            f"{path}: (model, seed, family, gate) = ({row['model']!r}, {row['seed']}, "
+            f"{row['family']!r}, {row['gate']}) appears twice; measure again"
+        )
+    grid = frame.groupby(["model", "seed"])[["family", "gate"]].nunique()
+    sizes = frame.groupby(["model", "seed"]).size()
+    incomplete = sizes != grid["family"] * grid["gate"]
+    if incomplete.any():
+        model, seed = incomplete[incomplete].index[0]
+        raise CdscopeError(
+            f"{path}: model {model!r} seed {seed} lacks some (family, gate) rows; measure again"
+        )
+    kept = ~frame["dropped"]
+    for column, rows in (("ell", None), ("dl_dg", None), ("F", None), ("C", kept)):
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(values) if rows is None else ~np.isfinite(values) & rows.to_numpy()
+        if bad.any():
+            row = frame.iloc[int(np.flatnonzero(bad)[0])]
+            raise CdscopeError(
+                f"{path}: {column} of family {row['family']!r} at seed {row['seed']} of model "
+                f"{row['model']!r} is not a finite number ({row[column]!r}); measure again"
+            )
 
 
 def per_seed_frame(
@@ -258,7 +302,7 @@ def evaluate_audit(
         return False
 
     per_seed = per_seed_frame(probe_frame, spec.measures, console)
-    if per_seed.empty:
+    if per_seed.empty:  # before anything is written: no half set of outputs
         raise CdscopeError(
             "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
         )

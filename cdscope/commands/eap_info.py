@@ -38,9 +38,11 @@ from cdscope.distributed import single_process_only
 from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
+from cdscope.generation import finite_logits
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.models import LoadedModel
+from cdscope.models.adapters import position_limit
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
 from cdscope.tasks.answers import find_final_answer
@@ -108,12 +110,16 @@ def _generate(loaded: LoadedModel, prompt: torch.Tensor, max_new_tokens: int) ->
     tok = loaded.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ids = prompt[None].to(loaded.device)
+    limit = position_limit(loaded.model)  # learned positions: stop at the last one
+    if limit is not None:
+        max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
     out = loaded.model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=pad,
+        logits_processor=finite_logits(),
     )
     return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
@@ -127,6 +133,8 @@ def answer(
 ) -> Answers:
     """Correct answers of ``loaded`` to ``items`` that fit in ``max_tokens`` (step 1-2)."""
     counts = Counter(drawn=len(items))
+    # sequences longer than the model's positions (learned absolute positions) are too long
+    max_tokens = min(settings.max_tokens, position_limit(loaded.model) or settings.max_tokens)
     candidates: list[ProbeItem] = []
     task = progress.add_task(f"answering ({loaded.name})", total=len(items))
     for item in items:
@@ -138,7 +146,7 @@ def answer(
             counts["unsupported"] += 1
             continue
         prompt = torch.tensor(prompt_ids(loaded.tokenizer, item.prompt))  # plain template
-        if len(prompt) >= settings.max_tokens:
+        if len(prompt) >= max_tokens:
             counts["too_long"] += 1
             continue
         scored = verify(item, _generate(loaded, prompt, settings.max_new_tokens))
@@ -149,7 +157,7 @@ def answer(
     progress.remove_task(task)
     kept = {}
     for item, length in zip(candidates, _seq_lengths(loaded, candidates), strict=True):
-        if length > settings.max_tokens:
+        if length > max_tokens:
             counts["too_long"] += 1
         else:
             kept[item.id] = item

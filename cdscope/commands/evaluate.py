@@ -204,12 +204,12 @@ def evaluate(
     settings: EvalSettings,
     out_dir: Path,
     options: ModelOptions = ModelOptions(),
-    resume: bool = False,
+    resume: bool | str = False,
     hard_ids: Collection[str] | None = None,
     console: Console | None = None,
 ) -> EvalResult:
     """Generate, verify and summarise every (model, selected problem); see the module doc."""
-    from cdscope.commands.probe import _resume_state  # same settings check as probe
+    from cdscope.resume import resume_mode, reusable_rows  # the same checks as probe
 
     single_process_only("eval")
     console = console or make_console()
@@ -230,8 +230,11 @@ def evaluate(
     )
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, str]] = set()
-    if resume and samples_path.is_file():
-        previous, metadata["models"] = _resume_state(samples_path, metadata)
+    mode = resume_mode(resume)
+    if mode and samples_path.is_file():
+        previous, metadata["models"] = reusable_rows(
+            samples_path, metadata, model_specs, options, mode, console
+        )
         frames.append(previous)
         done = set(zip(previous["model"], previous["problem_id"], strict=True))
         dim(console, f"--resume: keeping {len(done)} finished (model, problem) pairs")
@@ -252,7 +255,12 @@ def evaluate(
             t_model = time.perf_counter()
             loaded = options.load(spec, console)
             metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
-                dict(name=spec, source=loaded.source, revision=loaded.revision)
+                dict(
+                    name=spec,
+                    source=loaded.source,
+                    revision=loaded.revision,
+                    dtype=str(loaded.dtype).removeprefix("torch."),
+                )
             ]
             make = vllm_generator if settings.backend == "vllm" else hf_generator
             generate = make(loaded, settings)

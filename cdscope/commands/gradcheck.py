@@ -16,6 +16,8 @@ from rich.console import Console
 
 from cdscope.batch import encode_probe
 from cdscope.distributed import single_process_only
+from cdscope.finite import NonFinite
+from cdscope.frames import describe_seeds
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
@@ -70,7 +72,7 @@ def run_gradcheck(
         probe_hash=pool.hash,
         probe_files=list(pool.paths),
         families=pool.families,
-        seeds=list(seeds),
+        seeds=describe_seeds(seeds),
         drawn={str(s): drawn_ids(draw_probe(pool, s, n)) for s in seeds},
         settings={"n": n, "template": template, "batch_size": row_chunk},
         eps=list(eps_list),
@@ -97,7 +99,10 @@ def run_gradcheck(
             )
             batch.to(loaded.device)
             progress.update(task, description=f"seed {seed}: exact")
-            exact = exact_grad(gm, batch, batch_size=row_chunk)
+            try:
+                exact = exact_grad(gm, batch, batch_size=row_chunk)
+            except NonFinite as exc:
+                raise exc.at(f"at seed {seed} of model {model_spec!r}") from None
             reference = exact.flat()  # flatten once per seed (~1 GB in float64 for 135M)
             exact.grads.clear()  # the flat copy is all the sweep needs
             progress.advance(task)

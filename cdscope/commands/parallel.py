@@ -33,7 +33,6 @@ from rich.console import Console
 
 from cdscope import distributed
 from cdscope.commands.probe import (
-    _resume_state,
     drawn_metadata,
     dropped_warning,
     measure,
@@ -47,6 +46,7 @@ from cdscope.gates import GatedModel
 from cdscope.io import write_parquet
 from cdscope.messages import dim
 from cdscope.probes import ProbePool
+from cdscope.resume import resume_mode, reusable_rows
 
 
 class _RankWorker:
@@ -95,13 +95,21 @@ class _RankWorker:
 
 
 def _resume_on_main(
-    out: Path, metadata: dict, resume: bool, launch: distributed.Launch
+    out: Path,
+    metadata: dict,
+    resume: bool | str,
+    launch: distributed.Launch,
+    model_specs: Sequence[str],
+    options: ModelOptions,
+    console: Console,
 ) -> tuple[pd.DataFrame | None, list[dict]]:
-    """Rank 0 reads the finished pairs of ``out``; every rank receives them (or the refusal)."""
+    """Rank 0 reads the finished pairs of ``out`` that this run may reuse (the identity
+    checks of ``cdscope.resume``); every rank receives them (or the refusal)."""
     state: object = (None, [])
-    if launch.is_main and resume and out.is_file():
+    mode = resume_mode(resume)
+    if launch.is_main and mode and out.is_file():
         try:
-            state = _resume_state(out, metadata)
+            state = reusable_rows(out, metadata, model_specs, options, mode, console)
         except CdscopeError as exc:
             state = str(exc)
     state = distributed.from_main(state, launch)
@@ -117,7 +125,7 @@ def collect_control_parallel(
     settings: ProbeSettings,
     out: Path,
     options: ModelOptions,
-    resume: bool,
+    resume: bool | str,
     console: Console,
     command: str,
 ) -> tuple[pd.DataFrame, dict]:
@@ -129,7 +137,9 @@ def collect_control_parallel(
         options = replace(options, device=distributed.rank_device(options.device))
     with distributed.process_group(launch, "cuda" if options.device.startswith("cuda") else "cpu"):
         metadata = probe_metadata(command, pool, settings, options, world_size=launch.world_size)
-        previous, records = _resume_on_main(out, metadata, resume, launch)
+        previous, records = _resume_on_main(
+            out, metadata, resume, launch, model_specs, options, console
+        )
         done = (
             set()
             if previous is None

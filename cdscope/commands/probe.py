@@ -19,18 +19,20 @@ from cdscope.batch import encode_probe
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
 from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
-from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
+from cdscope.finite import NonFinite
+from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings, describe_seeds
 from cdscope.gates import GatedModel
-from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import dim, make_console, progress_bar, warn
 from cdscope.models import LoadedModel
 from cdscope.probes import ProbePool, draw_probe, drawn_ids
+from cdscope.resume import resume_mode, reusable_rows
 
 
 def measure(
     loaded: LoadedModel, gm: GatedModel, pool: ProbePool, seed: int, settings: ProbeSettings
 ) -> ControlResult:
-    """One probe seed on one model: draw, encode, estimate, check finiteness."""
+    """One probe seed on one model: draw, encode, estimate (non-finite values refused)."""
     items = draw_probe(pool, seed, settings.n)
     pad_id = getattr(loaded.tokenizer, "pad_token_id", None) or 0
     batch = encode_probe(items, loaded.tokenizer, settings.template, pad_id=pad_id).to(
@@ -39,23 +41,12 @@ def measure(
     # CPU default: one row per forward (no padding; measured ~30% faster than one padded
     # batch on the embedded model). GPU default: the whole probe in one batch.
     batch_size = settings.batch_size or (1 if loaded.device.type == "cpu" else None)
-    if settings.estimator == "autograd":
-        result = control_autograd(gm, batch, batch_size)
-    else:
-        result = control_finite_difference(
-            gm, batch, settings.fd_step, batch_size and 8 * batch_size
-        )
-    for m, family in enumerate(result.families):
-        if not (
-            np.isfinite(result.ell[m])
-            and np.isfinite(result.dl_dg[m]).all()
-            and np.isfinite(result.F[m]).all()
-        ):
-            raise CdscopeError(
-                f"non-finite values for model {loaded.name!r}, seed {seed}, family {family!r} "
-                "(try --dtype float32, or check the model's weights)"
-            )
-    return result
+    try:
+        if settings.estimator == "autograd":
+            return control_autograd(gm, batch, batch_size)
+        return control_finite_difference(gm, batch, settings.fd_step, batch_size and 8 * batch_size)
+    except NonFinite as exc:
+        raise exc.at(f"at seed {seed} of model {loaded.name!r}") from None
 
 
 def dropped_warning(console: Console, spec: str, seed: int, dropped: Sequence[str]) -> None:
@@ -106,18 +97,6 @@ def model_record(loaded: LoadedModel, gm: GatedModel) -> dict:
     }
 
 
-def _resume_state(out: Path, metadata: dict) -> tuple[pd.DataFrame, list[dict]]:
-    """Finished rows of an earlier run with the same settings, or a one-line refusal."""
-    frame, old = read_parquet(out)
-    for key in ("probe_hash", "settings"):
-        if old.get(key) != metadata.get(key):
-            raise CdscopeError(
-                f"--resume: {out} was made with different {key.replace('_', ' ')} "
-                f"({old.get(key)} vs {metadata.get(key)}); use another --out or drop --resume"
-            )
-    return frame, old.get("models", [])
-
-
 def probe_metadata(
     command: str, pool: ProbePool, settings: ProbeSettings, options: ModelOptions, world_size: int
 ) -> dict:
@@ -127,7 +106,7 @@ def probe_metadata(
         probe_hash=pool.hash,
         probe_files=list(pool.paths),
         families=pool.families,
-        seeds=list(settings.seeds),
+        seeds=describe_seeds(settings.seeds),
         settings=settings.comparable(),
         batch_size=settings.batch_size,
         fd_step=settings.fd_step if settings.estimator == "fd" else None,
@@ -145,7 +124,7 @@ def collect_control(
     settings: ProbeSettings,
     out: Path | None,
     options: ModelOptions = ModelOptions(),
-    resume: bool = False,
+    resume: bool | str = False,
     console: Console | None = None,
     command: str = "probe",
     on_result: Callable[[str, int, ControlResult], None] | None = None,
@@ -155,9 +134,12 @@ def collect_control(
     A model is a spec for ``load_model`` or an already-loaded ``LoadedModel`` (the
     Python API); rows are labelled with the spec or ``LoadedModel.name``. Under a
     launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0 writes
-    ``out`` (``cdscope.commands.parallel``).
+    ``out`` (``cdscope.commands.parallel``). ``resume``: False, True / 'keep' (reuse
+    finished pairs whose model and settings match, refuse otherwise) or 'recompute'
+    (measure mismatching pairs again); see ``cdscope.resume``.
     """
     console = console or make_console()
+    mode = resume_mode(resume)
     names = [m.name if isinstance(m, LoadedModel) else m for m in model_specs]
     if len(set(names)) != len(names):
         raise CdscopeError(
@@ -177,8 +159,8 @@ def collect_control(
     metadata = probe_metadata(command, pool, settings, options, world_size=1)
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
-    if resume and out is not None and out.is_file():
-        previous, metadata["models"] = _resume_state(out, metadata)
+    if mode and out is not None and out.is_file():
+        previous, metadata["models"] = reusable_rows(out, metadata, names, options, mode, console)
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
         dim(console, f"--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}")

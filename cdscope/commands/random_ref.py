@@ -13,6 +13,8 @@ import pandas as pd
 from cdscope.errors import CdscopeError
 from cdscope.spectral import RandomReference, random_reference
 
+MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
+
 
 @dataclass(frozen=True)
 class RandomReferenceResult:
@@ -57,6 +59,12 @@ def random_reference_result(
         gates = model_gate_count(model)
     if gates < 1:
         raise CdscopeError(f"--gates must be at least 1; got {gates}")
+    if families * max(families, gates) > MAX_ELEMENTS:  # one trial's X and X X^T
+        raise CdscopeError(
+            f"--families {families} x --gates {gates} needs "
+            f"{8 * families * max(families, gates) / 2**30:.1f} GiB per random matrix; "
+            f"M x max(M, K) must stay below {MAX_ELEMENTS:,}"
+        )
     ref = random_reference(families, gates, trials, seed)
     stats = {
         "M": families,

@@ -107,3 +107,22 @@ def adapter_for(model: nn.Module) -> Adapter:
             "(add an Adapter in cdscope/models/adapters.py)"
         )
     return ADAPTERS[model_type]
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """The longest sequence ``model`` can embed, where that is a hard limit: models with
+    learned absolute positions (GPT-2's ``n_positions``) fail on longer inputs; rotary
+    models (every other supported architecture) have none."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) == "gpt2":
+        return int(config.n_positions)
+    return None
+
+
+def check_fits(model: nn.Module, length: int, what: str, fix: str) -> None:
+    """One line when ``length`` tokens of ``what`` exceed the model's positions."""
+    limit = position_limit(model)
+    if limit is not None and length > limit:
+        raise CdscopeError(
+            f"{what} is {length} tokens but the model has only {limit} positions; {fix}"
+        )

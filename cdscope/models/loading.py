@@ -25,8 +25,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,12 +118,21 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+_HASHED: dict[tuple, str] = {}  # this process's hashes, by (path, size, mtime, inode)
+
+
 def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+    """Streamed SHA-256 of a file's bytes; hashed once per process while the file's
+    size, mtime and inode stay the same (``--resume`` checks then loads the model)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _HASHED:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while block := handle.read(chunk):
+                digest.update(block)
+        _HASHED[key] = digest.hexdigest()
+    return _HASHED[key]
 
 
 def _weights_hash(directory: Path) -> str:
@@ -161,9 +168,9 @@ def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_
     """
     from safetensors.torch import save_model
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+    from cdscope.io import atomic_dir
+
+    with atomic_dir(target) as tmp:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config = model.config.to_dict()
         config.pop("quantization_config", None)
@@ -171,12 +178,6 @@ def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
         (tmp / "cdscope-source.json").write_text(json.dumps({"gguf_sha256": source_hash}))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
@@ -193,6 +194,59 @@ def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
         _save_dequantised(model, tokenizer, target, _sha256_file(gguf))
     revision = "gguf-sha256:" + json.loads(marker.read_text())["gguf_sha256"][:16]
     return target, revision
+
+
+def _load_error(spec: str, exc: BaseException, is_hub: bool = False) -> CdscopeError:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return CdscopeError(
+        f"cannot load model {spec!r}: {type(exc).__name__}: {first} "
+        f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME}"
+        f"{_offline_hint() if is_hub else ''})"
+    )
+
+
+def model_source(
+    spec: str,
+    console: object | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[str, str]:
+    """``(source, revision)`` of ``spec`` without loading its weights.
+
+    ``revision`` identifies the numbers the model computes (what ``--resume`` compares,
+    see docs/decisions.md): for local models a content hash — streamed SHA-256 of the
+    config and every weight file of a directory, of the GGUF file itself — for a hub id
+    the commit hash its config resolves to.
+    """
+    path = Path(spec).expanduser()
+    try:
+        if spec == EMBEDDED_NAME:
+            directory, revision = embedded_model_dir(console)
+            return str(directory), revision
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise CdscopeError(f"GGUF file not found: {path}")
+            return str(path.resolve()), "gguf-sha256:" + _sha256_file(path)[:16]
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise CdscopeError(
+                    f"{path} is a directory but has no config.json: not a model directory"
+                )
+            return str(path.resolve()), _weights_hash(path)
+        if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+            raise CdscopeError(f"model path not found: {spec}")
+        from transformers import AutoConfig
+
+        hub: dict = {"trust_remote_code": True} if trust_remote_code else {}
+        if revision:
+            hub["revision"] = revision
+        config = AutoConfig.from_pretrained(spec, **hub)
+        return spec, getattr(config, "_commit_hash", None) or revision or "unknown"
+    except CdscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreadable files, unreachable hub: the user's input
+        raise _load_error(spec, exc, is_hub=not path.exists()) from exc
 
 
 def load_model(
@@ -249,29 +303,20 @@ def load_model(
             f"--revision applies to hub ids; {spec!r} is a local model (drop --revision)"
         )
     try:
-        if spec == EMBEDDED_NAME:
-            directory, revision = embedded_model_dir(console)
-            source = str(directory)
-            model = AutoModelForCausalLM.from_pretrained(directory, **kwargs, **placed(directory))
-            tokenizer = AutoTokenizer.from_pretrained(directory)
-        elif path.suffix == ".gguf":
-            if not path.is_file():
-                raise CdscopeError(f"GGUF file not found: {path}")
-            source, revision = str(path.resolve()), "gguf-sha256:" + _sha256_file(path)[:16]
-            model, tokenizer = _load_gguf(path)
-            model = model.to(torch_dtype)
-            if attn != "auto":
-                model.set_attn_implementation(attn)
-            if placement is not None:
-                model = placement.dispatch(model, torch_dtype)
-        elif path.is_dir():
-            if not (path / "config.json").is_file():
-                raise CdscopeError(
-                    f"{path} is a directory but has no config.json: not a model directory"
+        if not is_hub:  # the embedded model, a .gguf file, a local directory
+            source, revision = model_source(spec, console)
+            if Path(source).suffix == ".gguf":
+                model, tokenizer = _load_gguf(Path(source))
+                model = model.to(torch_dtype)
+                if attn != "auto":
+                    model.set_attn_implementation(attn)
+                if placement is not None:
+                    model = placement.dispatch(model, torch_dtype)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    source, **kwargs, **remote, **placed(source)
                 )
-            source, revision = str(path.resolve()), _weights_hash(path)
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **remote, **placed(path))
-            tokenizer = AutoTokenizer.from_pretrained(path, **remote)
+                tokenizer = AutoTokenizer.from_pretrained(source, **remote)
         elif spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
             raise CdscopeError(f"model path not found: {spec}")
         else:
@@ -282,13 +327,8 @@ def load_model(
             revision = getattr(model.config, "_commit_hash", None) or revision or "unknown"
     except CdscopeError:
         raise
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CdscopeError(
-            f"cannot load model {spec!r}: {first} "
-            f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME}"
-            f"{_offline_hint() if is_hub else ''})"
-        ) from exc
+    except Exception as exc:  # noqa: BLE001 - any loader error (corrupt safetensors, ...) is the file's fault
+        raise _load_error(spec, exc, is_hub) from exc
 
     if placement is None:
         model.to(torch_device)

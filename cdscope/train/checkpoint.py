@@ -21,12 +21,8 @@ loading a checkpoint never executes code from it.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +34,7 @@ from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
 from cdscope.errors import CdscopeError
-from cdscope.io import atomic_write_bytes
+from cdscope.io import WriteFailed, atomic_dir, atomic_write_bytes
 
 LATEST = "latest"
 
@@ -140,34 +136,28 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` completely, then point ``latest`` at it. Returns its path.
 
-    Any ``OSError`` while writing becomes a ``CdscopeError`` naming the checkpoint that
-    stays ``latest``; the partial folder is removed.
+    Any writer error (``OSError``, safetensors' own errors, ...) becomes a ``CdscopeError``
+    naming the checkpoint that stays ``latest``; the partial folder is removed (``io.atomic_dir``).
     """
     root = checkpoint_dir(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
     final = root / name
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
     try:
-        save_model(model, str(tmp / "model.safetensors"))
-        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-        save_state(state, tmp / "optimizer.safetensors")
-        save_state(rng_state(), tmp / "rng.safetensors")
-        record = {"step": step, "config": config, "log": log_rows}
-        (tmp / "state.json").write_text(json.dumps(record, default=str))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with atomic_dir(final) as tmp:  # any writer error: the temp folder is removed
+            save_model(model, str(tmp / "model.safetensors"))
+            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            save_state(state, tmp / "optimizer.safetensors")
+            save_state(rng_state(), tmp / "rng.safetensors")
+            record = {"step": step, "config": config, "log": log_rows}
+            (tmp / "state.json").write_text(json.dumps(record, default=str))
         atomic_write_bytes(root / LATEST, lambda path: Path(path).write_text(name + "\n"))
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except WriteFailed as exc:
         kept = latest_checkpoint_path(out_dir)
-        reason = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         previous = (
             f"{kept} is still the latest complete checkpoint" if kept else "no checkpoint kept"
         )
         raise CdscopeError(
-            f"could not write checkpoint step {step} to {root} ({reason}); {previous}; "
+            f"could not write checkpoint step {step} to {root} ({exc.reason}); {previous}; "
             "free space or choose another --out-dir, then rerun with --resume"
         ) from exc
     return final

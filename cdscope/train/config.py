@@ -17,10 +17,12 @@ win over the preset (``TrainConfig.with_preset``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdscope.errors import CdscopeError
+from cdscope.finite import COUNT_MAX, SEED_MAX
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, ESTIMATORS
 
 REGULARIZERS = ("none", "cdrft")
@@ -128,6 +130,16 @@ class TrainConfig:
 
     def validate(self, num_probe_families: int | None = None) -> None:
         """One-line ``CdscopeError`` for any impossible setting (SPEC §5 ranges)."""
+        for item in dataclasses.fields(self):  # NaN / inf slip through every comparison below
+            value = getattr(self, item.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                flag = "--lambda" if item.name == "lam" else "--" + item.name.replace("_", "-")
+                raise CdscopeError(f"{flag} must be a finite number; got {value}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise CdscopeError(f"--seed must lie in [0, {SEED_MAX}]; got {self.seed}")
+        for name in ("steps", "prompts_per_step", "group_size", "probe_n", "micro_batch_size"):
+            if getattr(self, name) > COUNT_MAX:
+                raise CdscopeError(f"--{name.replace('_', '-')} must be at most {COUNT_MAX:,}")
         positive = {
             "--steps": self.steps,
             "--prompts-per-step": self.prompts_per_step,
@@ -153,7 +165,7 @@ class TrainConfig:
                 raise CdscopeError(f"{flag} must be non-negative; got {value}")
         if self.k_max < 0:
             raise CdscopeError(f"--k-max must be non-negative; got {self.k_max}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:
             raise CdscopeError(f"--temperature must be >= 0; got {self.temperature}")
         if self.regularizer not in REGULARIZERS:
             raise CdscopeError(

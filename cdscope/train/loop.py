@@ -343,18 +343,9 @@ def _one_step(
 
 def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path:
     """``save_pretrained`` model + tokenizer into a temp folder, then rename to ``target``."""
-    import shutil
-    import tempfile
+    from cdscope.io import atomic_dir
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
+    with atomic_dir(target) as tmp:  # writer errors: one line, the temp folder removed
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CdscopeError(f"could not save the final model to {target}: {exc}") from exc
     return target

@@ -69,19 +69,25 @@ def _fmt(value: float, measure: str, signed: bool = False) -> str:
 
 
 def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
-    """One row per model, one column per seed (percent)."""
+    """One row per model, one column per seed (percent), with the bootstrap interval over
+    probe samples under each value when the probe carried per-sample data."""
     table = Table(title=title, title_justify="left")
     seeds = sorted(per_seed["seed"].unique())
     table.add_column("model", no_wrap=True)
     for seed in seeds:
         table.add_column(f"s{seed}", justify="right", no_wrap=True)
     rows = per_seed[per_seed["measure"] == measure]
+    nan = float("nan")
     for model in dict.fromkeys(per_seed["model"]):
-        values = rows[rows["model"] == model].set_index("seed")["value"]
-        table.add_row(
-            escape(short_model_name(str(model))),
-            *[_fmt(values.get(s, float("nan")), measure) for s in seeds],
-        )
+        part = rows[rows["model"] == model].set_index("seed")
+        cells = []
+        for s in seeds:
+            cell = _fmt(part["value"].get(s, nan), measure)
+            lo, hi = (part[c].get(s, nan) if c in part else nan for c in ("ci_low", "ci_high"))
+            if lo == lo and hi == hi:
+                cell += f"\n[dim][{_fmt(lo, measure)}, {_fmt(hi, measure)}][/dim]"
+            cells.append(cell)
+        table.add_row(escape(short_model_name(str(model))), *cells)
     return table
 
 
@@ -90,7 +96,8 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
     table = Table(
         title=title,
         title_justify="left",
-        caption="fractions shown in %; Δ in percentage points; PR in gates",
+        caption="fractions shown in %; Δ in percentage points; PR in gates; "
+        "seeds@80%: seeds a paired t-test needs to detect the chosen Δ",
         caption_justify="left",
     )
     table.add_column("model", no_wrap=True)
@@ -100,6 +107,8 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
         table.add_column("Δ vs ref ± SE", justify="right", no_wrap=True)
         table.add_column("Δ<0", justify="right", no_wrap=True)
         table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+        table.add_column("SD of Δ", justify="right", no_wrap=True)
+        table.add_column("seeds@80%", justify="right", no_wrap=True)
     for _, row in summary.iterrows():
         measure = row["measure"]
         cells = [
@@ -110,15 +119,53 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
         if not paired.empty:
             match = paired[(paired["model"] == row["model"]) & (paired["measure"] == measure)]
             if match.empty:
-                cells += ["ref" if row["model"] == paired["reference"].iloc[0] else "-", "", ""]
+                cells += ["ref" if row["model"] == paired["reference"].iloc[0] else "-", "", "", "", ""]
             else:
                 d = match.iloc[0]
                 cells += [
                     f"{_fmt(d['mean'], measure, True)} ± {_fmt(d['se'], measure)}",
                     f"{d['n_negative']}/{d['n']}",
                     f"[{_fmt(d['ci_low'], measure, True)}, {_fmt(d['ci_high'], measure, True)}]",
+                    _fmt(d.get("sd", float("nan")), measure),
+                    _seeds(d.get("seeds_needed", float("nan"))),
                 ]
         table.add_row(*cells)
+    return table
+
+
+def _seeds(value: float) -> str:
+    """A seeds-needed count: n/a (NaN), > 100000 (inf) or an integer."""
+    if value != value:
+        return "n/a"
+    return "> 100000" if value == float("inf") else f"{int(value)}"
+
+
+def nsweep_table(summary: pd.DataFrame) -> Table:
+    """nsweep: per model and n, plain and corrected B_shared(C) mean ± SE (percent)."""
+    table = Table(
+        title="cdscope nsweep: B_shared(C) against n, mean ± SE over seeds",
+        title_justify="left",
+        caption="corrected: unbiased (U-statistic) Gram, needs n >= 2; clipped: "
+        "negative eigenvalue mass of that Gram",
+        caption_justify="left",
+    )
+    for name in ("model", "n", "seeds", "plain (%)", "corrected (%)", "clipped (%)"):
+        table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
+    wide = summary.pivot_table(index=["model", "n"], columns="measure", values=["mean", "se", "n_seeds"])
+    for (model, n), row in wide.iterrows():
+        def cell(measure: str) -> str:
+            if ("mean", measure) not in row or row[("mean", measure)] != row[("mean", measure)]:
+                return "n/a"
+            return f"{_fmt(row[('mean', measure)], measure)} ± {_fmt(row[('se', measure)], measure)}"
+
+        table.add_row(
+            escape(short_model_name(str(model))),
+            str(n),
+            str(int(row[("n_seeds", "B_shared_C")])),
+            cell("B_shared_C"),
+            cell("B_shared_C_unbiased"),
+            cell("gram_negative_mass"),
+        )
     return table
 
 
@@ -209,6 +256,8 @@ def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict)
     if len(paired):
         table.add_column("Δ", justify="right", no_wrap=True)
         table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+        table.add_column("SD of Δ", justify="right", no_wrap=True)
+        table.add_column("seeds@80%", justify="right", no_wrap=True)
     for row in summary.itertuples():
         cells = [
             short_model_name(str(row.model)),

@@ -29,6 +29,21 @@ from cdscope.cli.common import (
 )
 from cdscope.errors import CdscopeError
 
+BootstrapOpt = Annotated[
+    int,
+    typer.Option(
+        "--bootstrap",
+        help="Resamples of each family's probe samples for the per-seed intervals (0: none).",
+    ),
+]
+DetectOpt = Annotated[
+    float,
+    typer.Option(
+        "--detect",
+        help="Paired Δ (percentage points) for the seeds-needed column (80% power, t-test).",
+    ),
+]
+
 
 def _run_audit_command(
     command: str,
@@ -46,6 +61,8 @@ def _run_audit_command(
     device: str,
     dtype: str,
     attn: str,
+    bootstrap: int = 1000,
+    detect: float = 5.0,
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
@@ -58,6 +75,10 @@ def _run_audit_command(
         check_plot_path(plot)
     if from_path is not None and resume:
         raise CdscopeError("--resume continues a measurement; it does not apply to --from")
+    if bootstrap < 0:
+        raise CdscopeError(f"--bootstrap must be 0 (off) or a number of resamples; got {bootstrap}")
+    if not detect > 0:
+        raise CdscopeError(f"--detect is a positive difference in percentage points; got {detect}")
     settings = ProbeSettings(
         tuple(range(seeds or 3)), n or 3, template or "plain", "autograd", batch_size
     )
@@ -73,12 +94,18 @@ def _run_audit_command(
         resume,
         err_console,
         explicit,
+        bootstrap,
+        detect / 100,
     )
     if result.per_seed.empty:
         raise CdscopeError(
             "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
         )
-    outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
+    outputs = {
+        "per_seed": str(target),
+        "summary": str(sibling(target, "summary")),
+        "convergence": str(sibling(target, "convergence")),
+    }
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
     if plot is not None:
@@ -101,6 +128,10 @@ def _report(
             "paired": result.paired.to_dict(orient="records"),
             "per_seed": result.per_seed.to_dict(orient="records"),
             "refused_pairs": result.skipped_pairs,
+            "convergence": result.convergence.to_dict(orient="records"),
+            "bootstrap": result.metadata.get("bootstrap"),
+            "detect": result.metadata.get("detect"),
+            "notes": result.notes,
             "outputs": outputs,
             **(extra or {}),
         }
@@ -143,11 +174,16 @@ def bshared(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
+    bootstrap: BootstrapOpt = 1000,
+    detect: DetectOpt = 5.0,
 ) -> None:
     """Shared control bottleneck B_shared(C) = lambda_1 / tr(C C^T) per model and seed (SPEC §3).
 
     Reports mean ± SE over seeds (in %), R(C), and with several models the same-seed
-    paired differences against the first model (mean ± SE, negatives, 95% t-interval).
+    paired differences against the first model (mean ± SE, negatives, 95% t-interval,
+    SD of Δ and the seeds needed to detect --detect at 80% power). Beside the plain
+    numbers: B_shared and R of the noise-corrected Gram (*_unbiased, docs/bshared.md) and
+    a bootstrap interval over probe samples for every per-seed value.
     """
     from cdscope.errors import AuditFailed
 
@@ -167,6 +203,8 @@ def bshared(
         device,
         dtype,
         attn,
+        bootstrap,
+        detect,
     )
     if plot is not None:
         _draw_audit("bshared", plot, result)
@@ -220,10 +258,12 @@ def _register_audit_command(command: str, doc: str) -> None:
         device: DeviceOpt = "auto",
         dtype: DtypeOpt = "auto",
         attn: AttnOpt = "auto",
+        bootstrap: BootstrapOpt = 1000,
+        detect: DetectOpt = 5.0,
     ) -> None:
         spec, result, outputs = _run_audit_command(
             command, model, seeds, n, probe, template, out, plot, as_json, from_path, resume,
-            batch_size, device, dtype, attn,
+            batch_size, device, dtype, attn, bootstrap, detect,
         )  # fmt: skip
         if plot is not None:
             _draw_audit(command, plot, result)

@@ -140,6 +140,29 @@ def _seeds(value: float) -> str:
     return "> 100000" if value == float("inf") else f"{int(value)}"
 
 
+def convergence_table(convergence: pd.DataFrame) -> Table:
+    """Per model: does the leading eigenvector of the Gram stay put across seeds?"""
+    table = Table(
+        title="direction check: leading eigenvector of G per seed vs the seeds' mean",
+        title_justify="left",
+        caption="angles in degrees (family space; gate space for the right singular vector); "
+        "DK: Davis-Kahan bound 2||Ĝ_s - Ḡ|| / gap; gap: (λ1 - λ2) / tr in %",
+        caption_justify="left",
+    )
+    for name in ("model", "seeds", "angle mean/max", "DK bound mean", "gate angle mean", "gap mean"):
+        table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
+    for model, g in convergence.groupby("model", sort=False):
+        table.add_row(
+            escape(short_model_name(str(model))),
+            str(len(g)),
+            f"{g['angle_deg'].mean():.1f} / {g['angle_deg'].max():.1f}",
+            f"{g['dk_bound_deg'].mean():.1f}",
+            f"{g['gate_angle_deg'].mean():.1f}",
+            f"{100 * g['eigengap'].mean():.1f}",
+        )
+    return table
+
+
 def nsweep_table(summary: pd.DataFrame) -> Table:
     """nsweep: per model and n, plain and corrected B_shared(C) mean ± SE (percent)."""
     table = Table(
@@ -151,17 +174,20 @@ def nsweep_table(summary: pd.DataFrame) -> Table:
     )
     for name in ("model", "n", "seeds", "plain (%)", "corrected (%)", "clipped (%)"):
         table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
-    wide = summary.pivot_table(index=["model", "n"], columns="measure", values=["mean", "se", "n_seeds"])
-    for (model, n), row in wide.iterrows():
-        def cell(measure: str) -> str:
-            if ("mean", measure) not in row or row[("mean", measure)] != row[("mean", measure)]:
+    cells = summary.set_index(["model", "n", "measure"])
+    for model, n in summary[["model", "n"]].drop_duplicates().itertuples(index=False):
+
+        def cell(measure: str, model=model, n=n) -> str:  # noqa: ANN001
+            key = (model, n, measure)
+            if key not in cells.index:
                 return "n/a"
-            return f"{_fmt(row[('mean', measure)], measure)} ± {_fmt(row[('se', measure)], measure)}"
+            row = cells.loc[key]
+            return f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}"
 
         table.add_row(
             escape(short_model_name(str(model))),
             str(n),
-            str(int(row[("n_seeds", "B_shared_C")])),
+            str(int(cells.loc[(model, n, "B_shared_C"), "n_seeds"])),
             cell("B_shared_C"),
             cell("B_shared_C_unbiased"),
             cell("gram_negative_mass"),

@@ -118,7 +118,7 @@ def _report(
 ) -> None:  # noqa: ANN001
     import json
 
-    from cdscope.render import audit_table, per_seed_table
+    from cdscope.render import audit_table, convergence_table, per_seed_table
 
     if as_json:
         payload = {
@@ -143,6 +143,8 @@ def _report(
         out_console.print(
             audit_table(result.summary, result.paired, f"cdscope {command}: mean ± SE over seeds")
         )
+        if not result.convergence.empty:
+            out_console.print(convergence_table(result.convergence))
     for name, path in outputs.items():
         err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)
 

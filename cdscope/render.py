@@ -140,17 +140,22 @@ def _seeds(value: float) -> str:
     return "> 100000" if value == float("inf") else f"{int(value)}"
 
 
+def _captioned(title: str, caption: str, columns: tuple[str, ...]) -> Table:
+    """A table with a caption whose first column (the model) is left-aligned."""
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    return table
+
+
 def convergence_table(convergence: pd.DataFrame) -> Table:
     """Per model: does the leading eigenvector of the Gram stay put across seeds?"""
-    table = Table(
-        title="direction check: leading eigenvector of G per seed vs the seeds' mean",
-        title_justify="left",
-        caption="angles in degrees (family space; gate space for the right singular vector); "
+    table = _captioned(
+        "direction check: leading eigenvector of G per seed vs the seeds' mean",
+        "angles in degrees (family space; gate space for the right singular vector); "
         "DK: Davis-Kahan bound 2||Ĝ_s - Ḡ|| / gap; gap: (λ1 - λ2) / tr in %",
-        caption_justify="left",
+        ("model", "seeds", "angle mean/max", "DK bound mean", "gate angle mean", "gap mean"),
     )
-    for name in ("model", "seeds", "angle mean/max", "DK bound mean", "gate angle mean", "gap mean"):
-        table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
     for model, g in convergence.groupby("model", sort=False):
         table.add_row(
             escape(short_model_name(str(model))),
@@ -165,15 +170,12 @@ def convergence_table(convergence: pd.DataFrame) -> Table:
 
 def nsweep_table(summary: pd.DataFrame) -> Table:
     """nsweep: per model and n, plain and corrected B_shared(C) mean ± SE (percent)."""
-    table = Table(
-        title="cdscope nsweep: B_shared(C) against n, mean ± SE over seeds",
-        title_justify="left",
-        caption="corrected: unbiased (U-statistic) Gram, needs n >= 2; clipped: "
+    table = _captioned(
+        "cdscope nsweep: B_shared(C) against n, mean ± SE over seeds",
+        "corrected: unbiased (U-statistic) Gram, needs n >= 2; clipped: "
         "negative eigenvalue mass of that Gram",
-        caption_justify="left",
+        ("model", "n", "seeds", "plain (%)", "corrected (%)", "clipped (%)"),
     )
-    for name in ("model", "n", "seeds", "plain (%)", "corrected (%)", "clipped (%)"):
-        table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
     cells = summary.set_index(["model", "n", "measure"])
     for model, n in summary[["model", "n"]].drop_duplicates().itertuples(index=False):
 

@@ -263,8 +263,8 @@ def paired_against_reference(
     return pd.DataFrame(rows, columns=columns)
 
 
-def run_audit(
-    spec: AuditSpec,
+def obtain_probe_frame(
+    command: str,
     out: Path,
     model_specs: list[str] | None,
     from_path: Path | None,
@@ -274,10 +274,8 @@ def run_audit(
     resume: bool,
     console: Console,
     explicit: dict[str, object] | None = None,
-    bootstrap: int = 1000,
-    detect: float = DETECT,
-) -> AuditResult:
-    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs."""
+) -> tuple[pd.DataFrame, dict]:
+    """Read the ``--from`` probe file, or measure the models into ``OUT.probe.parquet``."""
     if from_path is not None:
         if model_specs:
             raise CdscopeError("--from reads an existing probe file: do not also pass --model")
@@ -299,8 +297,30 @@ def run_audit(
             options,
             resume,
             console,
-            spec.command,
+            command,
         )
+    return probe_frame, probe_meta
+
+
+def run_audit(
+    spec: AuditSpec,
+    out: Path,
+    model_specs: list[str] | None,
+    from_path: Path | None,
+    settings: ProbeSettings,
+    probe_paths: list[Path] | None,
+    options: ModelOptions,
+    resume: bool,
+    console: Console,
+    explicit: dict[str, object] | None = None,
+    bootstrap: int = 1000,
+    detect: float = DETECT,
+) -> AuditResult:
+    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs."""
+    probe_frame, probe_meta = obtain_probe_frame(
+        spec.command, out, model_specs, from_path, settings, probe_paths, options, resume,
+        console, explicit,
+    )  # fmt: skip
     models = list(dict.fromkeys(probe_frame["model"]))
     ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
     skipped: list[str] = []

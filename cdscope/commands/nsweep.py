@@ -33,11 +33,10 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope import spectral
-from cdscope.commands.audit import read_probe_frame, sibling
+from cdscope.commands.audit import obtain_probe_frame, sibling
 from cdscope.errors import CdscopeError
 from cdscope.frames import FamilySamples, ModelOptions, ProbeSettings, sample_sets
 from cdscope.io import run_metadata, write_parquet
-from cdscope.probes import load_pool
 from cdscope.stats import mean_se
 from cdscope.uncertainty import contributions, corrected_measures
 
@@ -129,20 +128,9 @@ def run_nsweep(
     console: Console,
 ) -> NsweepResult:
     """Measure (n = max(ns) per family) or read the per-sample probe, sweep n, write outputs."""
-    if from_path is not None:
-        if model_specs:
-            raise CdscopeError("--from reads an existing probe file: do not also pass --model")
-        probe_frame, probe_meta = read_probe_frame(from_path, {})
-    else:
-        pool = load_pool(probe_paths)
-        if len(pool.families) < 2:
-            raise CdscopeError(f"the sweep needs at least 2 task families; got {pool.families}")
-        from cdscope.commands.probe import collect_control  # the model stack, only when measuring
-
-        probe_frame, probe_meta = collect_control(
-            model_specs or [], pool, settings, sibling(out, "probe"), options, resume, console,
-            "nsweep",
-        )  # fmt: skip
+    probe_frame, probe_meta = obtain_probe_frame(
+        "nsweep", out, model_specs, from_path, settings, probe_paths, options, resume, console
+    )
     per_seed = sweep_frame(probe_frame, ns)
     summary = summarize_sweep(per_seed)
     metadata = run_metadata(

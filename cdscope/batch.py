@@ -1,8 +1,14 @@
 """Teacher-forcing batches: tokenised (prompt, target) pairs, right-padded (SPEC §2).
 
-Only target tokens are scored: with the sequence ``prompt ++ target``, the logits at
-position ``t`` predict token ``t + 1``, so the positions that predict target tokens are
-``start - 1 .. length - 2`` where ``start`` is the first target index.
+Each sample is tokenised as ONE text, prompt + target, as the model reads running text;
+the scored tokens are those covering any character of the target, found by character
+offsets (a token straddling the seam is scored). Tokenising the two parts separately
+would create splits the model never sees -- "\n" + "   " + " if" for "\n   " + " if"
+at the start of an indented code target -- and distort l_m and C.
+
+Only target tokens are scored: the logits at position ``t`` predict token ``t + 1``,
+so the positions that predict target tokens are ``start - 1 .. length - 2`` where
+``start`` is the first scored index.
 
 Padding goes on the right and no attention mask is passed: under a causal mask a real
 token never attends to a later position, so right padding cannot change any real
@@ -63,38 +69,86 @@ class ProbeBatch:
         return self
 
 
-def _prompt_ids(tokenizer: object, prompt: str, template: str) -> list[int]:
+def prompt_text(tokenizer: object, prompt: str, template: str) -> tuple[str, bool]:
+    """``(text, add_special_tokens)``: the text the model reads before a target.
+
+    ``plain``: the prompt itself, with the tokenizer's own special tokens (BOS) added.
+    ``chat``: the chat template rendered as text with the generation prompt; the
+    template writes its special tokens itself, so none are added (this is what
+    ``apply_chat_template(tokenize=True)`` does).
+    """
+    if template not in TEMPLATES:
+        raise CdscopeError(f"--template must be one of {', '.join(TEMPLATES)}; got {template!r}")
     if template == "plain":
-        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])  # type: ignore[operator]
+        return prompt, True
     if getattr(tokenizer, "chat_template", None) is None:
         raise CdscopeError(
             "--template chat: this model's tokenizer has no chat template; use --template plain"
         )
     messages = [{"role": "user", "content": prompt}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)  # type: ignore[attr-defined]
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # type: ignore[attr-defined]
+    return str(text), False
+
+
+def prompt_ids(tokenizer: object, prompt: str, template: str = "plain") -> list[int]:
+    """Token ids of the prompt alone (what generation continues from)."""
+    text, special = prompt_text(tokenizer, prompt, template)
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])  # type: ignore[operator]
+
+
+def encode_scored(
+    tokenizer: object, prompt: str, target: str, template: str = "plain", item_id: str = "?"
+) -> tuple[list[int], int]:
+    """``(ids, start)``: prompt + target tokenised as one text, and the first scored index.
+
+    The scored tokens are ``ids[start:]``: every token that covers at least one
+    character of the target (SPEC §2), so a token straddling the seam is scored. Read
+    from the tokenizer's character offsets. Special tokens the tokenizer adds itself
+    span no characters: a BOS is never scored, and an EOS some tokenizers append after
+    the text is cut, so the scored tokens are the target's and nothing else.
+    """
+    prefix, special = prompt_text(tokenizer, prompt, template)
+    if not target:
+        raise CdscopeError(f"probe item {item_id!r}: the target is empty")
+    seam = len(prefix)
+    try:
+        enc = tokenizer(  # type: ignore[operator]
+            prefix + target,
+            add_special_tokens=special,
+            return_offsets_mapping=True,
+        )
+    except NotImplementedError as exc:  # Python ("slow") tokenizers have no offsets
+        raise CdscopeError(
+            "this tokenizer gives no character offsets (a slow tokenizer); load the model "
+            "with a fast (tokenizers-backed) tokenizer to score targets as running text"
+        ) from exc
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    # Offsets are monotone; tokens the tokenizer adds itself (BOS, EOS) span (0, 0).
+    scored = [i for i, (_, end) in enumerate(offsets) if end > seam]
+    if not scored:
+        raise CdscopeError(f"probe item {item_id!r}: the target tokenises to nothing")
+    start, stop = scored[0], scored[-1] + 1
+    if start == 0:
+        raise CdscopeError(
+            f"probe item {item_id!r}: no prompt token precedes the target, so nothing predicts "
+            "its first token; give the item a non-empty prompt"
+        )
+    return list(ids[:stop]), start
 
 
 def encode_probe(
     items: Sequence[ProbeItem], tokenizer: object, template: str = "plain", pad_id: int = 0
 ) -> ProbeBatch:
-    """Tokenise prompt and target separately (so target tokens are exactly the target's)."""
-    if template not in TEMPLATES:
-        raise CdscopeError(f"--template must be one of {', '.join(TEMPLATES)}; got {template!r}")
+    """Encode ``items`` (``encode_scored`` each) into one right-padded batch."""
     families: list[str] = []
     for item in items:
         if item.family not in families:
             families.append(item.family)
     rows, starts = [], []
     for item in items:
-        prompt = _prompt_ids(tokenizer, item.prompt, template)
-        target = list(tokenizer(item.target, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
-        if not prompt or not target:
-            raise CdscopeError(f"probe item {item.id!r}: prompt or target tokenises to nothing")
-        rows.append(prompt + target)
-        starts.append(len(prompt))
+        ids, start = encode_scored(tokenizer, item.prompt, item.target, template, item.id)
+        rows.append(ids)
+        starts.append(start)
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for b, row in enumerate(rows):

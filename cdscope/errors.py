@@ -18,3 +18,12 @@ class AuditFailed(Exception):
     """A ``--fail-above`` style audit threshold was exceeded (exit code 1)."""
 
     exit_code = 1
+
+
+def missing_extra(what: str, extra: str, reason: object) -> CdscopeError:
+    """The one-line error for an optional dependency group (pyproject extra) not installed.
+
+    ``what`` names the feature, ``reason`` why it is unavailable (an import error)."""
+    return CdscopeError(
+        f"{what} needs the {extra} extra ({reason}); install it with pip install 'cdscope[{extra}]'"
+    )

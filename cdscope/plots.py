@@ -45,10 +45,12 @@ MARKERS = ("o", "s", "^", "D", "v")
 
 
 def _short(name: str, width: int = 22) -> str:
+    """A model name for figure text; ``$`` escaped so mathtext shows it as typed."""
     from cdscope.render import short_model_name
 
     name = short_model_name(name)
-    return name if len(name) <= width else "…" + name[-(width - 1) :]
+    name = name if len(name) <= width else "…" + name[-(width - 1) :]
+    return name.replace("$", r"\$")
 
 
 def _style() -> None:

@@ -161,3 +161,11 @@ def draw_probe(
         picks = _family_rng(seed, family).choice(len(items), size=n, replace=False)
         drawn.extend(items[i] for i in sorted(picks))
     return drawn
+
+
+def drawn_ids(items: Sequence[ProbeItem]) -> dict[str, list[str]]:
+    """``{family: [item ids]}`` of a draw, for output metadata: which items a seed used."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        out.setdefault(item.family, []).append(item.id)
+    return out

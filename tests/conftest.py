@@ -159,3 +159,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tiny_model("llama", attn="sdpa").save_pretrained(directory)
     byte_tokenizer().save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M, loaded once per session (slow tests only)."""
+    from cdscope.models import load_model
+
+    load_model()  # builds the cache on a fresh machine
+    return load_model()

@@ -13,6 +13,7 @@ from conftest import byte_tokenizer, tiny_model, write_pool
 from typer.testing import CliRunner
 
 from cdscope.cli import app
+from cdscope.probes import draw_probe, drawn_ids, load_pool
 
 runner = CliRunner()
 
@@ -65,6 +66,10 @@ def test_probe_writes_long_format_parquet_with_metadata(
     assert meta["seeds"] == [0, 1] and meta["settings"]["n"] == 2
     assert meta["models"][0]["K"] == K and meta["models"][0]["revision"].startswith("sha256:")
     assert meta["probe_hash"].startswith("sha256:")
+    pool = load_pool([pool_file])
+    for seed in (0, 1):  # which items each (seed, family) drew, not only the pool hash
+        assert meta["drawn"][str(seed)] == drawn_ids(draw_probe(pool, seed, 2))
+    assert sorted(meta["drawn"]["0"]) == ["code", "logic", "math"]
     assert "B_shared C" in result.output and "tiny-llama" in result.output
 
 
@@ -96,6 +101,7 @@ def test_resume_skips_finished_seeds(tiny_model_dir, pool_file, tmp_path) -> Non
     both = pd.read_parquet(out)
     pd.testing.assert_frame_equal(both[both["seed"] == 0].reset_index(drop=True), first)
     assert sorted(both["seed"].unique()) == [0, 1]
+    assert sorted(json.loads(pq.read_schema(out).metadata[b"cdscope"])["drawn"]) == ["0", "1"]
     refused = invoke(
         "probe",
         "-m",

@@ -17,12 +17,6 @@ from cdscope.probes import draw_probe, load_pool
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def embedded():
-    load_model()  # builds the cache on a fresh machine
-    return load_model()
-
-
 def test_embedded_model_loads_from_cache_quickly(embedded) -> None:
     start = time.perf_counter()
     again = load_model()

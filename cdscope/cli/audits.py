@@ -28,6 +28,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.errors import CdscopeError
+from cdscope.messages import wrote
 
 BootstrapOpt = Annotated[
     int,
@@ -146,7 +147,7 @@ def _report(
         if not result.convergence.empty:
             out_console.print(convergence_table(result.convergence))
     for name, path in outputs.items():
-        err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)
+        wrote(err_console, f"{name}: {path}")
 
 
 @app.command()
@@ -385,6 +386,4 @@ def random_ref(
         typer.echo(json.dumps(stats))
     else:
         out_console.print(random_ref_table(stats))
-    err_console.print(
-        f"[green]wrote[/green] {target}" + (f" and {plot}" if plot else ""), soft_wrap=True
-    )
+    wrote(err_console, f"{target}" + (f" and {plot}" if plot else ""))

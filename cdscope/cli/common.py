@@ -14,44 +14,40 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
-from rich.console import Console
 
 from cdscope.errors import AuditFailed, CdscopeError
+from cdscope.messages import make_console, say, warn
 
 app = typer.Typer(
     name="cdscope",
     help="Gated sublayer control diagnostics for RL post-training of language models.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    # Help text is shown as written: rich markup would eat "[default: 3]", "cdscope[trl]".
+    rich_markup_mode=None,
 )
 # Piped or redirected output (CI logs, files) gets wide tables instead of 80-column wraps.
-out_console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True)
+# Both print text verbatim (cdscope/messages.py): user paths and ids may hold "[...]".
+out_console = make_console(stderr=False, width=None if sys.stdout.isatty() else 160)
+err_console = make_console()
 
 F = TypeVar("F", bound=Callable[..., object])
 
 
 def user_errors(func: F) -> F:
-    """Turn CdscopeError / AuditFailed into one red line and their exit code."""
+    """Turn CdscopeError / AuditFailed into one red line (verbatim) and their exit code."""
 
     @functools.wraps(func)
     def wrapper(*args: object, **kwargs: object) -> object:
         _quiet_libraries()
         try:
             return func(*args, **kwargs)
-        except CdscopeError as exc:
-            err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
-        except AuditFailed as exc:
-            err_console.print(
-                f"[bold red]audit failed:[/bold red] {exc}", highlight=False, soft_wrap=True
-            )
+        except (CdscopeError, AuditFailed) as exc:
+            label = "error:" if isinstance(exc, CdscopeError) else "audit failed:"
+            say(err_console, (label, "bold red"), " ", str(exc))
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            err_console.print(
-                "[yellow]interrupted[/yellow]: finished seeds are kept; rerun with --resume"
-            )
+            warn(err_console, "finished seeds are kept; rerun with --resume", "interrupted:")
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
@@ -118,7 +114,7 @@ def _version(value: bool) -> None:
     if value:
         from cdscope import __version__
 
-        out_console.print(f"cdscope {__version__}")
+        say(out_console, f"cdscope {__version__}")
         raise typer.Exit()
 
 

@@ -19,6 +19,7 @@ from cdscope.cli.common import (
     out_console,
     user_errors,
 )
+from cdscope.messages import wrote
 
 
 @app.command("eap-info")
@@ -102,4 +103,4 @@ def eap_info(
     outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})
     out_console.print(eap_summary_table(result.summary, result.paired, result.metadata["counts"]))
     for name, path in outputs.items():
-        err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)
+        wrote(err_console, f"{name}: {path}")

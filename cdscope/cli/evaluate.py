@@ -7,7 +7,6 @@ from typing import Annotated
 
 import pandas as pd
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from cdscope.cli.common import (
@@ -22,6 +21,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.errors import CdscopeError
+from cdscope.messages import VerbatimTable, wrote
 
 
 def parse_ks(text: str) -> list[int]:
@@ -62,7 +62,7 @@ def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
     overall (and the same for the hard subset); one column per k, in percent."""
     models = models or list(dict.fromkeys(passk["model"]))
     ks = sorted(passk["k"].unique())
-    table = Table(title="pass@k (%, unbiased estimator)", title_justify="left")
+    table = VerbatimTable(title="pass@k (%, unbiased estimator)", title_justify="left")
     table.add_column("scope", no_wrap=True)
     if len(models) > 1:
         table.add_column("model", no_wrap=True)
@@ -97,14 +97,14 @@ def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
                 if key not in wide.index:
                     continue
                 cells = [f"{100 * wide.loc[key, k]:.1f}" for k in ks]
-                head = [escape(prefix + scope)] + ([escape(model)] if len(models) > 1 else [])
+                head = [prefix + scope] + ([model] if len(models) > 1 else [])
                 style = None if level == "benchmark" else "bold"
                 table.add_row(*head, str(int(problems[key])), *cells, style=style)
     return table
 
 
 def stats_table(stats: pd.DataFrame) -> Table:
-    table = Table(title="generation and verification", title_justify="left")
+    table = VerbatimTable(title="generation and verification", title_justify="left")
     for name in (
         "model",
         "problems",
@@ -119,7 +119,7 @@ def stats_table(stats: pd.DataFrame) -> Table:
         table.add_column(name, justify="left" if name == "model" else "right")
     for row in stats.itertuples(index=False):
         table.add_row(
-            escape(row.model),
+            row.model,
             str(row.problems),
             str(row.samples),
             str(row.empty),
@@ -138,7 +138,7 @@ def _short_pair(pair: str, benchmark: str) -> str:
 
 
 def audit_table(frame: pd.DataFrame) -> Table:
-    table = Table(title="contamination audit: eval items flagged", title_justify="left")
+    table = VerbatimTable(title="contamination audit: eval items flagged", title_justify="left")
     heads = ["benchmark", "vs", "items", "exact", "normalised", "J>=0.5", "J>=0.8"]
     heads += ["code items", "same asserts", "max J", "max J pair"]
     for name in heads:
@@ -149,7 +149,7 @@ def audit_table(frame: pd.DataFrame) -> Table:
         cells = [row["benchmark"], row["against"], row["items"], row["exact"], row["normalised"]]
         cells += [row[c] for c in thresholds] + [row["code_items"], row["same_asserts"]]
         cells += [f"{row['max_jaccard']:.3f}", _short_pair(row["max_pair"], row["benchmark"])]
-        table.add_row(*(escape(str(c)) for c in cells))
+        table.add_row(*(str(c) for c in cells))
     return table
 
 
@@ -273,7 +273,7 @@ def eval_command(
             probe_files=[str(p) for p in audit_probe or []] or "shipped",
         )
         write_parquet(frame, target, metadata)
-        err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)
+        wrote(err_console, str(target))
     if not run_models:
         return
     from cdscope.cli.common import _models
@@ -294,9 +294,8 @@ def eval_command(
         from cdscope.plots import plot_passk
 
         plot_passk(plot, result.passk, list(dict.fromkeys(_models(model))))
-        err_console.print(f"[green]wrote[/green] {plot}", soft_wrap=True)
-    err_console.print(
-        f"[green]wrote[/green] {out / 'samples.parquet'} ({len(result.samples)} samples) and "
-        f"{out / 'passk.parquet'}",
-        soft_wrap=True,
+        wrote(err_console, str(plot))
+    wrote(
+        err_console,
+        f"{out / 'samples.parquet'} ({len(result.samples)} samples) and {out / 'passk.parquet'}",
     )

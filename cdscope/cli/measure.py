@@ -25,6 +25,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.errors import CdscopeError
+from cdscope.messages import wrote
 
 
 @app.command()
@@ -85,7 +86,7 @@ def probe(
         err_console,
     )
     out_console.print(seed_summary_table(frame))
-    err_console.print(f"[green]wrote[/green] {target} ({len(frame)} rows)", soft_wrap=True)
+    wrote(err_console, f"{target} ({len(frame)} rows)")
 
 
 def _eps_list(text: str) -> list[float]:
@@ -163,4 +164,4 @@ def gradcheck(
         batch_size,
     )
     out_console.print(gradcheck_table(frame))
-    err_console.print(f"[green]wrote[/green] {target}", soft_wrap=True)
+    wrote(err_console, str(target))

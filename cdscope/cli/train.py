@@ -16,6 +16,7 @@ from cdscope.cli.common import (
     out_console,
     user_errors,
 )
+from cdscope.messages import wrote
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ Float = float | None
 
 
 def _opt(flag: str, text: str, default: Any = None) -> Any:
-    suffix = f" \\[default: {default}]" if default is not None else ""
+    suffix = f" [default: {default}]" if default is not None else ""
     return typer.Option(flag, help=text + suffix, show_default=False)
 
 
@@ -137,9 +138,9 @@ def train(
     cfg = TrainConfig().with_preset(preset, explicit)
     result = run_train(cfg, resume=resume, console=err_console)
     out_console.print(train_table(result.log, cfg.regularizer))
-    err_console.print(f"[green]wrote[/green] {result.out_dir / 'log.parquet'}", soft_wrap=True)
+    wrote(err_console, str(result.out_dir / "log.parquet"))
     if result.final_dir is not None:
-        err_console.print(f"[green]final model[/green] {result.final_dir}", soft_wrap=True)
+        wrote(err_console, str(result.final_dir), "final model")
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:
@@ -162,9 +163,9 @@ def _key_values(items: list[str]) -> dict[str, Any]:
 
 def train_table(log: pd.DataFrame, arm: str) -> Table:
     """One row per step: rewards, loss, B_shared / R on the probe before -> after, timings."""
-    from rich.table import Table
+    from cdscope.messages import VerbatimTable
 
-    table = Table(title=f"cdscope train ({arm})")
+    table = VerbatimTable(title=f"cdscope train ({arm})")
     rewards = [c for c in log.columns if c.startswith("reward_")]
     for name in ["step", "reward", *rewards, "loss", "B_shared %", "R %", "proj", "seconds"]:
         table.add_column(name, justify="right")

@@ -39,6 +39,7 @@ from cdscope.frames import (
     sample_sets,
 )
 from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.messages import warn
 from cdscope.probes import load_pool
 from cdscope.stats import mean_se, paired_difference, seeds_needed
 from cdscope.uncertainty import (
@@ -156,9 +157,7 @@ def per_seed_frame(
         C = part.pivot(index="family", columns="gate", values="C").sort_index()  # noqa: N806
         F = part.pivot(index="family", columns="gate", values="F").reindex(C.index)  # noqa: N806
         if len(C) < 2:
-            console.print(
-                f"[yellow]warning:[/yellow] {model} seed {seed}: fewer than 2 families kept; no measures"
-            )
+            warn(console, f"{model} seed {seed}: fewer than 2 families kept; no measures")
             continue
         families = list(C.index)
         values = spec.measures(families, C.to_numpy(), F.to_numpy())
@@ -343,9 +342,11 @@ def run_audit(
     paired = paired_against_reference(per_seed, models, skip, detect)
     convergence = convergence_frame(probe_frame)
     if skipped:
-        console.print(
-            "[yellow]note:[/yellow] paired deltas refused for K-dependent measures of models with "
-            f"different gate counts: {'; '.join(sorted(set(skipped)))}"
+        warn(
+            console,
+            "paired deltas refused for K-dependent measures of models with "
+            f"different gate counts: {'; '.join(sorted(set(skipped)))}",
+            "note:",
         )
     metadata = run_metadata(
         spec.command,

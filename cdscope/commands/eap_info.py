@@ -31,13 +31,14 @@ import numpy as np
 import pandas as pd
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
-from cdscope.batch import encode_probe
+from cdscope.batch import encode_probe, prompt_ids
 from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
+from cdscope.messages import make_console, progress_bar
 from cdscope.models import LoadedModel, load_model
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
@@ -101,11 +102,6 @@ class Answers:
     counts: Counter
 
 
-def _prompt_ids(loaded: LoadedModel, item: ProbeItem) -> torch.Tensor:
-    batch = encode_probe([item], loaded.tokenizer)  # the plain template of the probe
-    return batch.input_ids[0, : int(batch.target_start[0])]
-
-
 @torch.no_grad()
 def _generate(loaded: LoadedModel, prompt: torch.Tensor, max_new_tokens: int) -> str:
     tok = loaded.tokenizer
@@ -140,7 +136,7 @@ def answer(
         if not verifiable(item):
             counts["unsupported"] += 1
             continue
-        prompt = _prompt_ids(loaded, item)
+        prompt = torch.tensor(prompt_ids(loaded.tokenizer, item.prompt))  # plain template
         if len(prompt) >= settings.max_tokens:
             counts["too_long"] += 1
             continue
@@ -291,18 +287,12 @@ def run_eap_info(
     """Answer, filter, score and summarise (module docstring); writes nothing."""
     from cdscope.commands.probe import model_record
 
-    console = console or Console(stderr=True)
+    console = console or make_console()
     specs = [model] if baseline is None else [model, baseline]
     if len(set(specs)) != len(specs):
         raise CdscopeError("--baseline is the same model as --model")
     items = draw_probe(pool, settings.seed, settings.n, [settings.family])
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    ]
-    with Progress(*columns, console=console, transient=True) as progress:
+    with progress_bar(console, transient=True) as progress:
         loaded = []
         for spec in specs:
             loaded.append(load_model(spec, options.device, options.dtype, options.attn, console))

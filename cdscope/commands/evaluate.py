@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdscope.contamination import benchmark_of
 from cdscope.errors import CdscopeError
 from cdscope.frames import ModelOptions
 from cdscope.io import run_metadata, write_parquet
+from cdscope.messages import dim, make_console, progress_bar
 from cdscope.passk import check_ks, summarize
 from cdscope.tasks.sandbox import require_sandbox_for
 
@@ -211,7 +211,7 @@ def evaluate(
     from cdscope.commands.probe import _resume_state  # same settings check as probe
     from cdscope.models import load_model
 
-    console = console or Console(stderr=True)
+    console = console or make_console()
     if len(set(model_specs)) != len(model_specs):
         raise CdscopeError("the same --model is given twice")
     ks = check_ks(settings.ks, settings.n)
@@ -233,12 +233,11 @@ def evaluate(
         previous, metadata["models"] = _resume_state(samples_path, metadata)
         frames.append(previous)
         done = set(zip(previous["model"], previous["problem_id"], strict=True))
-        console.print(f"[dim]--resume: keeping {len(done)} finished (model, problem) pairs[/dim]")
+        dim(console, f"--resume: keeping {len(done)} finished (model, problem) pairs")
 
     stats = []
     start_all = time.perf_counter()
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+    with progress_bar(console) as progress:
         bar = progress.add_task("eval", total=len(model_specs) * len(chosen))
         for spec in model_specs:
             todo = [(t, b) for t, b in chosen if (spec, t.id) not in done]

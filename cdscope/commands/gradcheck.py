@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdscope.batch import encode_probe
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
+from cdscope.messages import make_console, progress_bar
 from cdscope.models import load_model
-from cdscope.probes import ProbePool, draw_probe
+from cdscope.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, exact_grad, fidelity, proxy_grad
 
 COLUMNS = [
@@ -51,7 +51,7 @@ def run_gradcheck(
     richardson_sweep: bool = False,
     batch_size: int | None = None,
 ) -> pd.DataFrame:
-    console = console or Console(stderr=True)
+    console = console or make_console()
     loaded = load_model(model_spec, device, dtype, attn, console=console)
     # rows per forward: one on CPU (no padding, least memory for the double backward)
     row_chunk = batch_size or (1 if loaded.device.type == "cpu" else None)
@@ -66,6 +66,7 @@ def run_gradcheck(
         probe_files=list(pool.paths),
         families=pool.families,
         seeds=list(seeds),
+        drawn={str(s): drawn_ids(draw_probe(pool, s, n)) for s in seeds},
         settings={"n": n, "template": template, "batch_size": row_chunk},
         eps=list(eps_list),
         default={"estimator": DEFAULT_ESTIMATOR, "eps": DEFAULT_EPS},
@@ -80,13 +81,7 @@ def run_gradcheck(
         ],
     )
     rows: list[dict] = []
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    ]
-    with GatedModel(loaded.model) as gm, Progress(*columns, console=console) as progress:
+    with GatedModel(loaded.model) as gm, progress_bar(console) as progress:
         task = progress.add_task("gradcheck", total=len(seeds) * (1 + len(variants)))
         for seed in seeds:
             batch = encode_probe(

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdscope.batch import encode_probe
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
@@ -22,8 +21,9 @@ from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.messages import dim, make_console, progress_bar, warn
 from cdscope.models import LoadedModel, load_model
-from cdscope.probes import ProbePool, draw_probe
+from cdscope.probes import ProbePool, draw_probe, drawn_ids
 
 
 def measure(
@@ -130,7 +130,7 @@ def collect_control(
     on_result: Callable[[str, int, ControlResult], None] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Measure every (model, seed); write ``out`` after each; return (frame, metadata)."""
-    console = console or Console(stderr=True)
+    console = console or make_console()
     if len(set(model_specs)) != len(model_specs):
         raise CdscopeError("the same --model is given twice")
     metadata = run_metadata(
@@ -144,6 +144,7 @@ def collect_control(
         fd_step=settings.fd_step if settings.estimator == "fd" else None,
         fd_order=settings.fd_order if settings.estimator == "fd" else None,
         models=[],
+        drawn={},  # seed -> family -> item ids, for every finished seed
     )
     frames: list[pd.DataFrame] = []
     done: set[tuple[str, int]] = set()
@@ -151,17 +152,11 @@ def collect_control(
         previous, metadata["models"] = _resume_state(out, metadata)
         frames.append(previous)
         done = set(zip(previous["model"], previous["seed"], strict=True))
-        console.print(
-            f"[dim]--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}[/dim]"
-        )
+        for seed in sorted({s for _, s in done}):
+            metadata["drawn"][str(seed)] = drawn_ids(draw_probe(pool, seed, settings.n))
+        dim(console, f"--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}")
 
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    ]
-    with Progress(*columns, console=console, transient=False) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task(
             "probing", total=len(model_specs) * len(settings.seeds), completed=len(done)
         )
@@ -178,12 +173,14 @@ def collect_control(
                     progress.update(task, description=f"{spec} seed {seed}")
                     result = measure(loaded, gm, pool, seed, settings)
                     if result.dropped:
-                        console.print(
-                            f"[yellow]warning:[/yellow] {spec} seed {seed}: dropped famil"
+                        warn(
+                            console,
+                            f"{spec} seed {seed}: dropped famil"
                             f"{'y' if len(result.dropped) == 1 else 'ies'} {', '.join(result.dropped)} "
-                            "(|l_m| < 1e-4 cannot be normalised)"
+                            "(|l_m| < 1e-4 cannot be normalised)",
                         )
                     frames.append(result_frame(spec, seed, result))
+                    metadata["drawn"][str(seed)] = drawn_ids(draw_probe(pool, seed, settings.n))
                     write_parquet(pd.concat(frames, ignore_index=True), out, metadata)
                     if on_result is not None:
                         on_result(spec, seed, result)

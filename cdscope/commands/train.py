@@ -18,6 +18,7 @@ from rich.console import Console
 
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, run_metadata
+from cdscope.messages import make_console
 from cdscope.probes import load_pool
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
 from cdscope.train.config import TrainConfig
@@ -128,10 +129,14 @@ def run_train(
     reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
 ) -> TrainResult:
     """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL)."""
-    console = console or Console(stderr=True)
-    inputs = prepare(cfg, console, model, tokenizer, reward_fn)
+    console = console or make_console()
     if cfg.extra.get("trl") and cfg.backend != "trl":
         raise CdscopeError("--trl-arg only applies with --backend trl")
+    if cfg.backend == "trl":  # before loading anything: the extra may be missing
+        from cdscope.integrations.trl import require_trl
+
+        require_trl()
+    inputs = prepare(cfg, console, model, tokenizer, reward_fn)
     if cfg.backend == "trl":
         from cdscope.integrations.trl import train_with_trl
 

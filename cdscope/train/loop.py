@@ -32,7 +32,6 @@ import numpy as np
 import pandas as pd
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
 from cdscope.batch import ProbeBatch
@@ -40,6 +39,7 @@ from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.generation import sample
 from cdscope.io import write_parquet
+from cdscope.messages import make_console, progress_bar
 from cdscope.tasks.format import Task
 from cdscope.tasks.verifiers import verify_many
 from cdscope.train.cdrft import (
@@ -159,7 +159,7 @@ def train(
     directory ``OUT/final`` when the last step is done.
     """
     cfg, model = inputs.cfg, inputs.model
-    console = console or Console(stderr=True)
+    console = console or make_console()
     out_dir = Path(cfg.out_dir)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -186,14 +186,7 @@ def train(
     # C on the probe after step t is C before step t+1 (rollouts do not move theta), so
     # each step's closing measurement is carried over instead of being recomputed.
     carried: ProbeMeasure | None = None
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[live]}"),
-    ]
-    with GatedModel(model) as gm, Progress(*columns, console=console) as progress:
+    with GatedModel(model) as gm, progress_bar(console, "live") as progress:
         bar = progress.add_task(
             f"train {cfg.regularizer}", total=cfg.steps, completed=start_step, live=""
         )

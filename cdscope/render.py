@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 from rich.table import Table
+from rich.text import Text
 
 from cdscope.messages import VerbatimTable
 from cdscope.spectral import b_shared
@@ -69,14 +70,9 @@ def _fmt(value: float, measure: str, signed: bool = False) -> str:
 
 
 def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
-<<<<<<< HEAD
     """One row per model, one column per seed (percent), with the bootstrap interval over
     probe samples under each value when the probe carried per-sample data."""
-    table = Table(title=title, title_justify="left")
-=======
-    """One row per model, one column per seed (percent)."""
     table = VerbatimTable(title=title, title_justify="left")
->>>>>>> main
     seeds = sorted(per_seed["seed"].unique())
     table.add_column("model", no_wrap=True)
     for seed in seeds:
@@ -84,23 +80,15 @@ def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
     rows = per_seed[per_seed["measure"] == measure]
     nan = float("nan")
     for model in dict.fromkeys(per_seed["model"]):
-<<<<<<< HEAD
         part = rows[rows["model"] == model].set_index("seed")
         cells = []
         for s in seeds:
-            cell = _fmt(part["value"].get(s, nan), measure)
+            cell = Text(_fmt(part["value"].get(s, nan), measure))
             lo, hi = (part[c].get(s, nan) if c in part else nan for c in ("ci_low", "ci_high"))
             if lo == lo and hi == hi:
-                cell += f"\n[dim][{_fmt(lo, measure)}, {_fmt(hi, measure)}][/dim]"
+                cell.append(f"\n[{_fmt(lo, measure)}, {_fmt(hi, measure)}]", style="dim")
             cells.append(cell)
-        table.add_row(escape(short_model_name(str(model))), *cells)
-=======
-        values = rows[rows["model"] == model].set_index("seed")["value"]
-        table.add_row(
-            short_model_name(str(model)),
-            *[_fmt(values.get(s, float("nan")), measure) for s in seeds],
-        )
->>>>>>> main
+        table.add_row(short_model_name(str(model)), *cells)
     return table
 
 
@@ -155,7 +143,7 @@ def _seeds(value: float) -> str:
 
 def _captioned(title: str, caption: str, columns: tuple[str, ...]) -> Table:
     """A table with a caption whose first column (the model) is left-aligned."""
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table = VerbatimTable(title=title, title_justify="left", caption=caption, caption_justify="left")
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
     return table
@@ -171,7 +159,7 @@ def convergence_table(convergence: pd.DataFrame) -> Table:
     )
     for model, g in convergence.groupby("model", sort=False):
         table.add_row(
-            escape(short_model_name(str(model))),
+            short_model_name(str(model)),
             str(len(g)),
             f"{g['angle_deg'].mean():.1f} / {g['angle_deg'].max():.1f}",
             f"{g['dk_bound_deg'].mean():.1f}",
@@ -200,7 +188,7 @@ def nsweep_table(summary: pd.DataFrame) -> Table:
             return f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}"
 
         table.add_row(
-            escape(short_model_name(str(model))),
+            short_model_name(str(model)),
             str(n),
             str(int(cells.loc[(model, n, "B_shared_C"), "n_seeds"])),
             cell("B_shared_C"),

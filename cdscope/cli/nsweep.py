@@ -27,6 +27,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.errors import CdscopeError
+from cdscope.messages import wrote
 
 
 @app.command()
@@ -97,4 +98,4 @@ def nsweep(
     else:
         out_console.print(nsweep_table(result.summary))
     for name, path in outputs.items():
-        err_console.print(f"[green]wrote[/green] {name}: {path}", soft_wrap=True)
+        wrote(err_console, f"{name}: {path}")

@@ -337,7 +337,7 @@ def run_audit(
     per_seed = per_seed_frame(probe_frame, spec, console, bootstrap, notes)
     notes = sorted(set(notes))
     for note in notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        warn(console, note, "note:")
     summary = summarize(per_seed)
     paired = paired_against_reference(per_seed, models, skip, detect)
     convergence = convergence_frame(probe_frame)

@@ -120,7 +120,13 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
         if not paired.empty:
             match = paired[(paired["model"] == row["model"]) & (paired["measure"] == measure)]
             if match.empty:
-                cells += ["ref" if row["model"] == paired["reference"].iloc[0] else "-", "", "", "", ""]
+                cells += [
+                    "ref" if row["model"] == paired["reference"].iloc[0] else "-",
+                    "",
+                    "",
+                    "",
+                    "",
+                ]
             else:
                 d = match.iloc[0]
                 cells += [
@@ -143,7 +149,9 @@ def _seeds(value: float) -> str:
 
 def _captioned(title: str, caption: str, columns: tuple[str, ...]) -> Table:
     """A table with a caption whose first column (the model) is left-aligned."""
-    table = VerbatimTable(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table = VerbatimTable(
+        title=title, title_justify="left", caption=caption, caption_justify="left"
+    )
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
     return table

@@ -51,14 +51,20 @@ def test_bshared_json_has_corrected_measures_intervals_and_seeds_needed(measured
     per_seed = pd.DataFrame(payload["per_seed"])
     probe = pd.read_parquet(out.with_name("b.probe.parquet"))
     for (model, seed), (_, sets) in sample_sets(probe).items():
-        rows = per_seed[(per_seed["model"] == model) & (per_seed["seed"] == seed)].set_index("measure")
+        rows = per_seed[(per_seed["model"] == model) & (per_seed["seed"] == seed)].set_index(
+            "measure"
+        )
         expected = corrected_measures(sets)
-        assert rows.loc["B_shared_C_unbiased", "value"] == pytest.approx(expected["B_shared_C_unbiased"])
+        assert rows.loc["B_shared_C_unbiased", "value"] == pytest.approx(
+            expected["B_shared_C_unbiased"]
+        )
         for measure in ("B_shared_C", "R_C", "B_shared_C_unbiased", "R_C_unbiased"):
             lo, hi = rows.loc[measure, "ci_low"], rows.loc[measure, "ci_high"]
             assert np.isfinite(lo) and lo < hi
     paired = pd.DataFrame(payload["paired"]).set_index("measure")
-    wide = per_seed[per_seed["measure"] == "B_shared_C"].pivot(index="seed", columns="model", values="value")
+    wide = per_seed[per_seed["measure"] == "B_shared_C"].pivot(
+        index="seed", columns="model", values="value"
+    )
     deltas = wide[payload["models"][1]] - wide[payload["models"][0]]
     assert paired.loc["B_shared_C", "sd"] == pytest.approx(np.std(deltas, ddof=1))
     assert paired.loc["B_shared_C", "seeds_needed"] == seeds_needed(0.02, np.std(deltas, ddof=1))
@@ -90,7 +96,9 @@ def test_plain_numbers_do_not_change_and_old_probe_files_stay_readable(measured,
 
 def test_bad_bootstrap_and_detect_are_refused(tmp_path) -> None:
     for args, message in ((("--bootstrap", -1), "--bootstrap"), (("--detect", 0), "--detect")):
-        result = invoke("bshared", "--from", tmp_path / "x.parquet", *args, "-o", tmp_path / "o.parquet")
+        result = invoke(
+            "bshared", "--from", tmp_path / "x.parquet", *args, "-o", tmp_path / "o.parquet"
+        )
         assert result.exit_code == 2 and message in result.stderr
 
 

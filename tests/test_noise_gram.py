@@ -140,7 +140,9 @@ def _truth(kind: str, seed: int, M: int = 3, K: int = 40) -> np.ndarray:  # noqa
     ("kind", "seed", "faster"),
     [("rank1_plus_noise", 10, True), ("full_rank", 11, True), ("full_rank", 10, False)],
 )
-def test_corrected_bias_is_smaller_and_shrinks_faster_in_n(kind: str, seed: int, faster: bool) -> None:
+def test_corrected_bias_is_smaller_and_shrinks_faster_in_n(
+    kind: str, seed: int, faster: bool
+) -> None:
     """Known true C, per-sample noise with tr Cov ~ 4x the mean squared row norm.
 
     The corrected estimator's |bias| is under a quarter of the plain one's at every n
@@ -211,14 +213,19 @@ def test_bootstrap_intervals_match_a_per_resample_loop() -> None:
     assert got["B_shared_C_unbiased"] == pytest.approx(tuple(np.quantile(unbiased, [0.025, 0.975])))
     assert "B_shared_F" in got and got["B_shared_F"][0] < got["B_shared_F"][1]
     # deterministic given the seed
-    assert bootstrap_intervals(["a", "b", "c"], sets, _plain, (), B, seed)["B_shared_C"] == got["B_shared_C"]
+    assert (
+        bootstrap_intervals(["a", "b", "c"], sets, _plain, (), B, seed)["B_shared_C"]
+        == got["B_shared_C"]
+    )
 
 
 def test_direction_stability_angles_gap_and_davis_kahan_bound() -> None:
     rng = np.random.default_rng(7)
     C = np.outer([1.0, 0.8, 0.3], rng.standard_normal(10)) + 0.05 * rng.standard_normal((3, 10))  # noqa: N806
     same = direction_stability({0: C, 1: 2.0 * C, 2: C})
-    assert np.allclose(same["angle_deg"], 0.0, atol=1e-5) and np.allclose(same["dk_bound_deg"], 0.0, atol=1e-5)
+    assert np.allclose(same["angle_deg"], 0.0, atol=1e-5) and np.allclose(
+        same["dk_bound_deg"], 0.0, atol=1e-5
+    )
     G = C @ C.T / np.trace(C @ C.T)  # noqa: N806
     w = np.linalg.eigvalsh(G)
     assert same["eigengap"].iloc[0] == pytest.approx(w[-1] - w[-2])

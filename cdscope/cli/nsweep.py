@@ -41,7 +41,8 @@ def nsweep(
     probe: ProbeOpt = None,
     template: TemplateOpt = "plain",
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it.")
+        Path,
+        typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
     ] = Path("results/nsweep.parquet"),
     plot: PlotOpt = None,
     as_json: JsonOpt = False,

@@ -50,7 +50,6 @@ from cdscope.uncertainty import (
 )
 
 
-
 def bshared_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
     return {"B_shared_C": float(spectral.b_shared(C)), "R_C": float(spectral.moment_ratio(C))}
 
@@ -107,7 +106,9 @@ DETECT = 0.05
 class AuditResult:
     per_seed: pd.DataFrame  # model, seed, measure, value, ci_low, ci_high (bootstrap)
     summary: pd.DataFrame  # model, measure, n_seeds, mean, se
-    paired: pd.DataFrame  # model, reference, measure, n, mean, se, n_negative, ci_*, sd, seeds_needed
+    paired: (
+        pd.DataFrame
+    )  # model, reference, measure, n, mean, se, n_negative, ci_*, sd, seeds_needed
     metadata: dict
     probe_frame: pd.DataFrame
     skipped_pairs: list[str]
@@ -164,7 +165,9 @@ def per_seed_frame(
         intervals: dict[str, tuple[float, float]] = {}
         found = samples.get((model, int(seed)))
         if found is None:
-            notes.append("per-sample columns absent (older probe file): no *_unbiased, no intervals")
+            notes.append(
+                "per-sample columns absent (older probe file): no *_unbiased, no intervals"
+            )
         else:
             sets = found[1]
             if min(len(s.logp) for s in sets) < 2 and spec.corrected:

@@ -110,7 +110,9 @@ def parse_ns(text: str) -> tuple[int, ...]:
     try:
         ns = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
-        raise CdscopeError(f"--ns takes comma-separated integers like 1,2,3,6; got {text!r}") from None
+        raise CdscopeError(
+            f"--ns takes comma-separated integers like 1,2,3,6; got {text!r}"
+        ) from None
     if not ns or ns[0] < 1:
         raise CdscopeError(f"--ns values must be at least 1; got {text!r}")
     return tuple(ns)

@@ -19,6 +19,11 @@ no backward at all — run it in float64 for an exact check.
 
 Families with |l_m| < eps0 = 1e-4 cannot be normalised; their C row is NaN and they
 are listed in ``dropped``.
+
+Both estimators also return the per-sample quantities behind the family means: each
+batch row's log pi_b, d log pi_b / d g_k and F_b. With l_m held fixed, row m of C is
+the mean of the per-sample contributions c_{m,i} = (1 / l_m) d log pi_i / d g_k, which
+the noise-corrected Gram and the bootstrap of ``cdscope.noise`` need (SPEC §4).
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class ControlResult:
     dl_dg: np.ndarray  # [M, K]
     F: np.ndarray  # [M, K]
     estimator: str
+    row_family: np.ndarray | None = None  # [B] family index of each batch row
+    row_logp: np.ndarray | None = None  # [B] log pi(y* | x; g = 1) per sample
+    row_dlogp: np.ndarray | None = None  # [B, K] d log pi / d g_k per sample (unweighted)
+    row_F: np.ndarray | None = None  # [B, K] F of each sample
 
     def __post_init__(self) -> None:
         """No measurement with a NaN or inf in it exists: refuse it here, naming the first
@@ -161,6 +170,10 @@ def control_autograd(
         dl_dg.numpy(),
         _family_mean(row_F, batch).numpy(),
         "autograd",
+        batch.row_family.cpu().numpy(),
+        row_logp.numpy(),
+        (row_grad / weights[:, None]).numpy(),  # undo the 1/n_m weight: d log pi_b / d g
+        row_F.numpy(),
     )
 
 
@@ -221,6 +234,9 @@ def control_finite_difference(
     ell = torch.stack([_family_mean(logp[s], batch) for s in range(P * J)]).view(P, J, -1)
     dl_dg = torch.full((batch.M, K), float("nan"), dtype=torch.float64)
     dl_dg[:, columns] = (sum(w * ell[p] for p, w in enumerate(weights)) / step).T  # [M, J]
+    per_row = logp.view(P, J, B)
+    row_dlogp = torch.full((B, K), float("nan"), dtype=torch.float64)
+    row_dlogp[:, columns] = (sum(w * per_row[p] for p, w in enumerate(weights)) / step).T
     # l_m and F at g = 1 from one plain gated forward.
     device = execution_device(gm.model)
     row_logp = torch.zeros(B, dtype=torch.float64)
@@ -241,4 +257,8 @@ def control_finite_difference(
         dl_dg.numpy(),
         _family_mean(row_F, batch).numpy(),
         "fd",
+        batch.row_family.cpu().numpy(),
+        row_logp.numpy(),
+        row_dlogp.numpy(),
+        row_F.numpy(),
     )

@@ -34,6 +34,11 @@ FRAME_COLUMNS = [
     "ell",
     "dropped",
 ]
+#: Optional per-sample columns (docs/decisions.md): on each (family, gate) row, lists in
+#: probe order with one entry per sample i of the family -- log pi_i (repeated on every
+#: gate row), d log pi_i / d g_k and F_i[k]. Files written before they existed lack them;
+#: measures that need them are then reported as unavailable.
+SAMPLE_COLUMNS = ["logp_samples", "dlogp_samples", "F_samples"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +122,40 @@ def control_matrices(
         wide = group.pivot(index="family", columns="gate", values=value).sort_index()
         matrices[(model, int(seed))] = (list(wide.index), wide.to_numpy())
     return matrices
+
+
+@dataclass(frozen=True)
+class FamilySamples:
+    """One family's per-sample probe quantities (SPEC §2): the family means are
+    l_m = mean(logp), dl_m/dg = mean(dlogp, axis=0), F_m = mean(F, axis=0)."""
+
+    logp: np.ndarray  # [n]
+    dlogp: np.ndarray  # [n, K]
+    F: np.ndarray  # [n, K]
+
+
+def sample_sets(
+    frame: pd.DataFrame,
+) -> dict[tuple[str, int], tuple[list[str], list[FamilySamples]] | None]:
+    """Long frame -> {(model, seed): (kept families sorted, their samples)}, or None for a
+    (model, seed) whose rows lack the per-sample columns (an older file)."""
+    out: dict[tuple[str, int], tuple[list[str], list[FamilySamples]] | None] = {}
+    has_columns = all(c in frame.columns for c in SAMPLE_COLUMNS)
+    kept = frame[~frame["dropped"].astype(bool)]
+    for (model, seed), group in kept.groupby(["model", "seed"], sort=False):
+        key = (model, int(seed))
+        if not has_columns or group[SAMPLE_COLUMNS].isna().any().any():
+            out[key] = None
+            continue
+        families, sets = [], []
+        for family, rows in group.sort_values(["family", "gate"]).groupby("family", sort=True):
+            families.append(str(family))
+            sets.append(
+                FamilySamples(
+                    np.asarray(rows["logp_samples"].iloc[0], dtype=np.float64),
+                    np.stack([np.asarray(v, dtype=np.float64) for v in rows["dlogp_samples"]], 1),
+                    np.stack([np.asarray(v, dtype=np.float64) for v in rows["F_samples"]], 1),
+                )
+            )
+        out[key] = (families, sets)
+    return out

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 from rich.table import Table
+from rich.text import Text
 
 from cdscope.messages import VerbatimTable
 from cdscope.spectral import b_shared
@@ -69,19 +70,25 @@ def _fmt(value: float, measure: str, signed: bool = False) -> str:
 
 
 def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
-    """One row per model, one column per seed (percent)."""
+    """One row per model, one column per seed (percent), with the bootstrap interval over
+    probe samples under each value when the probe carried per-sample data."""
     table = VerbatimTable(title=title, title_justify="left")
     seeds = sorted(per_seed["seed"].unique())
     table.add_column("model", no_wrap=True)
     for seed in seeds:
         table.add_column(f"s{seed}", justify="right", no_wrap=True)
     rows = per_seed[per_seed["measure"] == measure]
+    nan = float("nan")
     for model in dict.fromkeys(per_seed["model"]):
-        values = rows[rows["model"] == model].set_index("seed")["value"]
-        table.add_row(
-            short_model_name(str(model)),
-            *[_fmt(values.get(s, float("nan")), measure) for s in seeds],
-        )
+        part = rows[rows["model"] == model].set_index("seed")
+        cells = []
+        for s in seeds:
+            cell = Text(_fmt(part["value"].get(s, nan), measure))
+            lo, hi = (part[c].get(s, nan) if c in part else nan for c in ("ci_low", "ci_high"))
+            if lo == lo and hi == hi:
+                cell.append(f"\n[{_fmt(lo, measure)}, {_fmt(hi, measure)}]", style="dim")
+            cells.append(cell)
+        table.add_row(short_model_name(str(model)), *cells)
     return table
 
 
@@ -90,7 +97,8 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
     table = VerbatimTable(
         title=title,
         title_justify="left",
-        caption="fractions shown in %; Δ in percentage points; PR in gates",
+        caption="fractions shown in %; Δ in percentage points; PR in gates; "
+        "seeds@80%: seeds a paired t-test needs to detect the chosen Δ",
         caption_justify="left",
     )
     table.add_column("model", no_wrap=True)
@@ -100,6 +108,8 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
         table.add_column("Δ vs ref ± SE", justify="right", no_wrap=True)
         table.add_column("Δ<0", justify="right", no_wrap=True)
         table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+        table.add_column("SD of Δ", justify="right", no_wrap=True)
+        table.add_column("seeds@80%", justify="right", no_wrap=True)
     for _, row in summary.iterrows():
         measure = row["measure"]
         cells = [
@@ -110,15 +120,89 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
         if not paired.empty:
             match = paired[(paired["model"] == row["model"]) & (paired["measure"] == measure)]
             if match.empty:
-                cells += ["ref" if row["model"] == paired["reference"].iloc[0] else "-", "", ""]
+                cells += [
+                    "ref" if row["model"] == paired["reference"].iloc[0] else "-",
+                    "",
+                    "",
+                    "",
+                    "",
+                ]
             else:
                 d = match.iloc[0]
                 cells += [
                     f"{_fmt(d['mean'], measure, True)} ± {_fmt(d['se'], measure)}",
                     f"{d['n_negative']}/{d['n']}",
                     f"[{_fmt(d['ci_low'], measure, True)}, {_fmt(d['ci_high'], measure, True)}]",
+                    _fmt(d.get("sd", float("nan")), measure),
+                    _seeds(d.get("seeds_needed", float("nan"))),
                 ]
         table.add_row(*cells)
+    return table
+
+
+def _seeds(value: float) -> str:
+    """A seeds-needed count: n/a (NaN), > 100000 (inf) or an integer."""
+    if value != value:
+        return "n/a"
+    return "> 100000" if value == float("inf") else f"{int(value)}"
+
+
+def _captioned(title: str, caption: str, columns: tuple[str, ...]) -> Table:
+    """A table with a caption whose first column (the model) is left-aligned."""
+    table = VerbatimTable(
+        title=title, title_justify="left", caption=caption, caption_justify="left"
+    )
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    return table
+
+
+def convergence_table(convergence: pd.DataFrame) -> Table:
+    """Per model: does the leading eigenvector of the Gram stay put across seeds?"""
+    table = _captioned(
+        "direction check: leading eigenvector of G per seed vs the seeds' mean",
+        "angles in degrees (family space; gate space for the right singular vector); "
+        "DK: Davis-Kahan bound 2||Ĝ_s - Ḡ|| / gap; gap: (λ1 - λ2) / tr in %",
+        ("model", "seeds", "angle mean/max", "DK bound mean", "gate angle mean", "gap mean"),
+    )
+    for model, g in convergence.groupby("model", sort=False):
+        table.add_row(
+            short_model_name(str(model)),
+            str(len(g)),
+            f"{g['angle_deg'].mean():.1f} / {g['angle_deg'].max():.1f}",
+            f"{g['dk_bound_deg'].mean():.1f}",
+            f"{g['gate_angle_deg'].mean():.1f}",
+            f"{100 * g['eigengap'].mean():.1f}",
+        )
+    return table
+
+
+def nsweep_table(summary: pd.DataFrame) -> Table:
+    """nsweep: per model and n, plain and corrected B_shared(C) mean ± SE (percent)."""
+    table = _captioned(
+        "cdscope nsweep: B_shared(C) against n, mean ± SE over seeds",
+        "corrected: unbiased (U-statistic) Gram, needs n >= 2; clipped: "
+        "negative eigenvalue mass of that Gram",
+        ("model", "n", "seeds", "plain (%)", "corrected (%)", "clipped (%)"),
+    )
+    cells = summary.set_index(["model", "n", "measure"])
+    for model, n in summary[["model", "n"]].drop_duplicates().itertuples(index=False):
+
+        def cell(measure: str, model=model, n=n) -> str:  # noqa: ANN001
+            key = (model, n, measure)
+            if key not in cells.index:
+                return "n/a"
+            row = cells.loc[key]
+            return f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}"
+
+        table.add_row(
+            short_model_name(str(model)),
+            str(n),
+            str(int(cells.loc[(model, n, "B_shared_C"), "n_seeds"])),
+            cell("B_shared_C"),
+            cell("B_shared_C_unbiased"),
+            cell("gram_negative_mass"),
+        )
     return table
 
 
@@ -209,6 +293,8 @@ def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict)
     if len(paired):
         table.add_column("Δ", justify="right", no_wrap=True)
         table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+        table.add_column("SD of Δ", justify="right", no_wrap=True)
+        table.add_column("seeds@80%", justify="right", no_wrap=True)
     for row in summary.itertuples():
         cells = [
             short_model_name(str(row.model)),

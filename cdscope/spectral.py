@@ -22,6 +22,9 @@ symmetric positive semi-definite, eigenvalues lambda_1 >= ... >= lambda_M >= 0):
 The random reference (SPEC §4) is the distribution of B_shared over M x K matrices with
 i.i.d. standard Gaussian entries; its mean sits well above the 1/M bound.
 
+These are the plain estimators of the SPEC. Their noise-corrected twins (measures of the
+unbiased U-statistic Gram of per-sample contributions, SPEC §4) live in ``cdscope.noise``.
+
 Everything is computed in float64. Quantities that divide by tr(G) or by a row norm
 raise ``ValueError`` when that denominator is zero rather than returning NaN.
 """

@@ -17,6 +17,14 @@ the n observations with replacement B times (all B resamples drawn at once from
 ``np.random.default_rng(seed)``), evaluates the statistic on each, and reports the
 (1-level)/2 and (1+level)/2 quantiles of those B values. The paired version resamples
 pairs jointly, which is the same as bootstrapping the per-pair differences.
+
+Power of the paired comparison: with per-seed differences of standard deviation sd, a
+two-sided paired t-test at level alpha over S seeds rejects "mean Delta = 0" with
+probability
+
+    power(S) = P(|T| > t_{1-alpha/2, S-1}),   T ~ noncentral t(df = S-1, nc = Delta sqrt(S) / sd),
+
+and ``seeds_needed`` is the smallest S >= 2 with power(S) >= the target (0.8 by default).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import stdtrit  # Student-t quantile; far lighter to import than scipy.stats
+from scipy.special import nctdtr, stdtrit  # t quantile, noncentral t CDF; lighter than scipy.stats
 
 __all__ = [
     "BootstrapCI",
@@ -35,6 +43,8 @@ __all__ = [
     "mean_se",
     "paired_bootstrap_ci",
     "paired_difference",
+    "paired_t_power",
+    "seeds_needed",
 ]
 
 
@@ -168,3 +178,44 @@ def paired_bootstrap_ci(
     """
     x, y = _as_pair(a, b)
     return bootstrap_ci(x - y, stat=stat, B=B, seed=seed, level=level)
+
+
+def paired_t_power(delta: float, sd: float, seeds: int, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` over ``seeds`` pairs (module doc).
+
+    ``delta`` is the true mean difference, ``sd`` the standard deviation of the per-seed
+    differences. Needs seeds >= 2; sd = 0 with delta != 0 gives power 1.
+    """
+    if seeds < 2:
+        raise ValueError(f"a paired t-test needs at least 2 seeds; got {seeds}")
+    _check_level(1.0 - alpha)
+    if not sd > 0.0:
+        return 1.0 if delta != 0.0 else alpha
+    df = seeds - 1
+    nc = abs(delta) * np.sqrt(seeds) / sd
+    crit = float(stdtrit(df, 1.0 - alpha / 2.0))
+    return float(1.0 - nctdtr(df, nc, crit) + nctdtr(df, nc, -crit))
+
+
+def seeds_needed(
+    delta: float, sd: float, power: float = 0.8, alpha: float = 0.05, max_seeds: int = 100_000
+) -> float:
+    """Smallest number of seeds S >= 2 whose paired t-test detects ``delta`` with ``power``.
+
+    Power grows with S, so a doubling search brackets S and a bisection finds it. Returns
+    NaN when sd is NaN or delta is 0, and inf when even ``max_seeds`` seeds are not enough.
+    """
+    if not np.isfinite(sd) or not np.isfinite(delta) or delta == 0.0:
+        return float("nan")
+    _check_level(power)
+    if paired_t_power(delta, sd, 2, alpha) >= power:
+        return 2.0
+    lo, hi = 2, 4
+    while paired_t_power(delta, sd, hi, alpha) < power:
+        if hi >= max_seeds:
+            return float("inf")
+        lo, hi = hi, min(2 * hi, max_seeds)
+    while hi - lo > 1:  # invariant: power(lo) < target <= power(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if paired_t_power(delta, sd, mid, alpha) >= power else (mid, hi)
+    return float(hi)

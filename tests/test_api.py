@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import cdscope
 from cdscope import CdscopeError
 from cdscope.cli import app
-from cdscope.frames import FRAME_COLUMNS
+from cdscope.frames import FRAME_COLUMNS, SAMPLE_COLUMNS
 from cdscope.probes import draw_probe as core_draw
 from cdscope.probes import load_pool as core_load
 
@@ -45,8 +45,12 @@ def test_cli_and_api_give_identical_numbers(tiny_model_dir, pool_file, tmp_path)
     from_cli = cdscope.read_results(out)
     pd.testing.assert_frame_equal(result.per_seed, from_cli, check_exact=True)
     probe_file = cdscope.read_results(tmp_path / "b.probe.parquet")
-    pd.testing.assert_frame_equal(frame, probe_file, check_exact=True)
-    assert list(frame.columns) == FRAME_COLUMNS
+    pd.testing.assert_frame_equal(frame[FRAME_COLUMNS], probe_file[FRAME_COLUMNS], check_exact=True)
+    assert list(frame.columns) == FRAME_COLUMNS + SAMPLE_COLUMNS
+    for column in SAMPLE_COLUMNS:  # per-sample lists: the same numbers, element by element
+        for mine, theirs in zip(frame[column], probe_file[column], strict=True):
+            assert np.array_equal(np.stack(list(mine)) if np.ndim(mine[0]) else np.asarray(mine),
+                                  np.stack(list(theirs)) if np.ndim(theirs[0]) else np.asarray(theirs))  # fmt: skip
     summary = json.loads(cli.stdout)["summary"]
     api_summary = result.summary.to_dict(orient="records")
     assert summary == json.loads(json.dumps(api_summary, default=float))
@@ -114,7 +118,12 @@ def test_random_reference_takes_k_from_a_model(in_memory, tmp_path) -> None:
 
 def test_plot_writes_the_cli_figure(in_memory, pool_file, tmp_path) -> None:
     result = cdscope.acg(in_memory, probe=pool_file, n=2, progress=False)
-    assert set(result.summary["measure"]) == {"ACG", "B_shared_C", "B_shared_F"}
+    assert set(result.summary["measure"]) == {
+        "ACG",
+        "B_shared_C",
+        "B_shared_F",
+        "B_shared_C_unbiased",
+    }
     assert cdscope.plot(result, tmp_path / "a.svg").read_text().startswith("<?xml")
     with pytest.raises(CdscopeError, match=r"plot must end in \.png"):
         cdscope.plot(result, tmp_path / "a.txt")

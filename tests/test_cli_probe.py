@@ -53,6 +53,9 @@ def test_probe_writes_long_format_parquet_with_metadata(
         "dl_dg",
         "ell",
         "dropped",
+        "logp_samples",
+        "dlogp_samples",
+        "F_samples",
     ]
     K = 6  # noqa: N806 - 3 layers x (attn, mlp)
     assert len(frame) == 2 * 3 * K

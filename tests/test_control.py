@@ -35,6 +35,15 @@ def test_autograd_matches_finite_differences(arch: str, probe_batch) -> None:
     assert _rel(fast.dl_dg, slow.dl_dg) < 1e-3
     np.testing.assert_allclose(fast.F, slow.F, rtol=1e-12)
     assert np.abs(fast.C).max() > 1e-4  # the check is not vacuous
+    # per-sample quantities (the noise-corrected Gram's input) agree too, and average
+    # back to the family values: dl_m/dg = mean_i dlog pi_i/dg, l_m = mean_i log pi_i
+    assert _rel(fast.row_dlogp, slow.row_dlogp) < 1e-3
+    np.testing.assert_allclose(fast.row_logp, slow.row_logp, rtol=1e-12)
+    for m in range(len(fast.families)):
+        rows = fast.row_family == m
+        np.testing.assert_allclose(fast.row_dlogp[rows].mean(0), fast.dl_dg[m], rtol=1e-10)
+        np.testing.assert_allclose(fast.row_logp[rows].mean(), fast.ell[m], rtol=1e-12)
+        np.testing.assert_allclose(fast.row_F[rows].mean(0), fast.F[m], rtol=1e-12)
 
 
 def test_micro_batching_does_not_change_results(probe_batch) -> None:

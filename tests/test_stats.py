@@ -144,3 +144,36 @@ def test_paired_bootstrap_ci():
     assert (res.ci_low, res.ci_high) == (direct.ci_low, direct.ci_high)
     with pytest.raises(ValueError, match="equal lengths"):
         cs.paired_bootstrap_ci(a, b[:-1])
+
+
+# -- power of the paired t-test and seeds needed ---------------------------------------
+
+
+@pytest.mark.parametrize(("effect", "table"), [(0.2, 199), (0.5, 34), (0.8, 15), (1.0, 10)])
+def test_seeds_needed_matches_the_published_table(effect: float, table: int) -> None:
+    """One-sample/paired t-test, two-sided alpha 0.05, power 0.8 (Cohen 1988; G*Power)."""
+    assert cs.seeds_needed(effect * 0.03, 0.03) == table
+    assert cs.paired_t_power(effect, 1.0, table) >= 0.8 > cs.paired_t_power(effect, 1.0, table - 1)
+
+
+def test_paired_t_power_agrees_with_monte_carlo() -> None:
+    rng = np.random.default_rng(0)
+    delta, sd, S, reps = 0.05, 0.06, 9, 40_000  # noqa: N806
+    d = delta + sd * rng.standard_normal((reps, S))
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / np.sqrt(S))
+    rejected = np.mean(np.abs(t) > sps.t.ppf(0.975, S - 1))
+    power = cs.paired_t_power(delta, sd, S)
+    assert abs(rejected - power) < 4 * np.sqrt(power * (1 - power) / reps)
+    # and against scipy's noncentral t (the closed form, computed independently)
+    nc = delta * np.sqrt(S) / sd
+    crit = sps.t.ppf(0.975, S - 1)
+    assert power == pytest.approx(sps.nct.sf(crit, S - 1, nc) + sps.nct.cdf(-crit, S - 1, nc))
+
+
+def test_seeds_needed_edge_cases() -> None:
+    assert math.isnan(cs.seeds_needed(0.05, float("nan")))
+    assert math.isnan(cs.seeds_needed(0.0, 0.1))
+    assert cs.seeds_needed(0.05, 0.0) == 2
+    assert cs.seeds_needed(1e-6, 1.0, max_seeds=1000) == float("inf")
+    with pytest.raises(ValueError, match="at least 2"):
+        cs.paired_t_power(0.1, 0.1, 1)

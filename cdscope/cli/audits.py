@@ -41,6 +41,23 @@ from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
 
 MAX_FAMILIES, MAX_GATES, MAX_TRIALS = 1_000, 100_000, 10_000_000  # random-ref bounds
+BootstrapOpt = Annotated[
+    int,
+    typer.Option(
+        "--bootstrap",
+        min=0,
+        max=100_000,
+        help="Resamples of each family's probe samples for the per-seed intervals (0: none).",
+    ),
+]
+DetectOpt = Annotated[
+    float,
+    typer.Option(
+        "--detect",
+        parser=finite(0, 100, low_open=True),
+        help="Paired Δ (percentage points) for the seeds-needed column (80% power, t-test).",
+    ),
+]
 
 
 def _run_audit_command(
@@ -57,6 +74,8 @@ def _run_audit_command(
     resume: bool | str,
     batch_size: int | None,
     options,  # noqa: ANN001 - cdscope.frames.ModelOptions
+    bootstrap: int = 1000,
+    detect: float = 5.0,
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
@@ -75,6 +94,10 @@ def _run_audit_command(
                 f"{', '.join(ignored)} does not apply to --from, which reads the seeds and "
                 "probe of an existing file: drop it (or measure again without --from)"
             )
+    if bootstrap < 0:
+        raise CdscopeError(f"--bootstrap must be 0 (off) or a number of resamples; got {bootstrap}")
+    if not detect > 0:
+        raise CdscopeError(f"--detect is a positive difference in percentage points; got {detect}")
     settings = ProbeSettings(  # unset options: ProbeSettings' defaults (3 seeds for audits)
         tuple(range(seeds or 3)),
         n or ProbeSettings.n,
@@ -93,8 +116,14 @@ def _run_audit_command(
         resume,
         err_console,
         explicit,
+        bootstrap,
+        detect / 100,
     )
-    outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
+    outputs = {
+        "per_seed": str(target),
+        "summary": str(sibling(target, "summary")),
+        "convergence": str(sibling(target, "convergence")),
+    }
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
     if plot is not None:
@@ -105,15 +134,23 @@ def _run_audit_command(
 def _report(
     command: str, spec, result, outputs: dict, as_json: bool, extra: dict | None = None
 ) -> None:  # noqa: ANN001
-    from cdscope.render import audit_table, per_seed_table
+    from cdscope.render import audit_table, convergence_table, per_seed_table
 
     if as_json:
-        tables = {"summary": result.summary, "paired": result.paired, "per_seed": result.per_seed}
+        tables = {
+            "summary": result.summary,
+            "paired": result.paired,
+            "per_seed": result.per_seed,
+            "convergence": result.convergence,
+        }
         print_json(
             command,
             tables,
             models=list(dict.fromkeys(result.per_seed["model"])),
             refused_pairs=result.skipped_pairs,
+            bootstrap=result.metadata.get("bootstrap"),
+            detect=result.metadata.get("detect"),
+            notes=result.notes,
             outputs=outputs,
             **(extra or {}),
         )
@@ -124,6 +161,8 @@ def _report(
         out_console.print(
             audit_table(result.summary, result.paired, f"cdscope {command}: mean ± SE over seeds")
         )
+        if not result.convergence.empty:
+            out_console.print(convergence_table(result.convergence))
     for name, path in outputs.items():
         wrote(err_console, f"{name}: {path}")
 
@@ -162,11 +201,16 @@ def bshared(
     offload_dir: OffloadDirOpt = None,
     revision: RevisionOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    bootstrap: BootstrapOpt = 1000,
+    detect: DetectOpt = 5.0,
 ) -> None:
     """Shared control bottleneck B_shared(C) = lambda_1 / tr(C C^T) per model and seed (SPEC §3).
 
     Reports mean ± SE over seeds (in %), R(C), and with several models the same-seed
-    paired differences against the first model (mean ± SE, negatives, 95% t-interval).
+    paired differences against the first model (mean ± SE, negatives, 95% t-interval,
+    SD of Δ and the seeds needed to detect --detect at 80% power). Beside the plain
+    numbers: B_shared and R of the noise-corrected Gram (*_unbiased, docs/bshared.md) and
+    a bootstrap interval over probe samples for every per-seed value.
     """
     from cdscope.commands.audit import draw_audit
     from cdscope.errors import AuditFailed
@@ -187,6 +231,8 @@ def bshared(
         model_options(
             device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
         ),
+        bootstrap,
+        detect,
     )
     if plot is not None:
         draw_audit(plot, result)
@@ -232,13 +278,15 @@ def _register_audit_command(command: str, doc: str) -> None:
         offload_dir: OffloadDirOpt = None,
         revision: RevisionOpt = None,
         trust_remote_code: TrustRemoteCodeOpt = False,
+        bootstrap: BootstrapOpt = 1000,
+        detect: DetectOpt = 5.0,
     ) -> None:
         options = model_options(
             device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
         )
         spec, result, outputs = _run_audit_command(
             command, model, seeds, n, probe, template, out, plot, as_json, from_path,
-            resume_arg(resume, recompute), batch_size, options,
+            resume_arg(resume, recompute), batch_size, options, bootstrap, detect,
         )  # fmt: skip
         if plot is not None:
             from cdscope.commands.audit import draw_audit

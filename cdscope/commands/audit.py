@@ -10,6 +10,13 @@
 Outputs: ``OUT`` (one row per model x seed x measure), ``OUT.summary.parquet`` (means
 and paired rows) and, when models were measured, ``OUT.probe.parquet`` (the raw probe
 frame, reusable with ``--from`` and ``--resume``).
+
+Additions that leave the plain, paper-comparable numbers unchanged (docs/bshared.md):
+per (model, seed) the noise-corrected measures (``*_unbiased``, ``noise.unbiased_gram``)
+and a bootstrap interval over probe samples for every measure (``ci_low``/``ci_high``);
+on paired rows the per-seed Delta SD and the seeds a paired t-test needs to detect
+``detect`` at 80 % power; per model the Davis-Kahan direction check (``OUT.convergence``).
+These need the per-sample probe columns; an older probe file gets a one-line note.
 """
 
 from __future__ import annotations
@@ -24,14 +31,23 @@ from rich.console import Console
 
 from cdscope import spectral
 from cdscope.errors import CdscopeError
-from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
+from cdscope.frames import (
+    FRAME_COLUMNS,
+    ModelOptions,
+    ProbeSettings,
+    control_matrices,
+    sample_sets,
+)
 from cdscope.io import read_parquet, run_metadata, write_parquet
 from cdscope.messages import warn
 from cdscope.probes import load_pool
-from cdscope.stats import mean_se, paired_difference
-
-#: measures of one (model, seed): (kept families, C, F) -> {measure name: value}
-MeasureFn = Callable[[list[str], np.ndarray, np.ndarray], dict[str, float]]
+from cdscope.stats import mean_se, paired_difference, seeds_needed
+from cdscope.uncertainty import (
+    MeasureFn,
+    bootstrap_intervals,
+    corrected_measures,
+    direction_stability,
+)
 
 
 def bshared_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
@@ -62,13 +78,28 @@ class AuditSpec:
     measures: MeasureFn
     headline: str  # the measure --fail-above and plots look at first
     k_dependent_prefixes: tuple[str, ...] = ()  # measures whose scale depends on K
+    corrected: tuple[str, ...] = ()  # noise-corrected measures added (uncertainty.CORRECTED)
 
 
 AUDITS = {
-    "bshared": AuditSpec("bshared", bshared_measures, "B_shared_C"),
-    "acg": AuditSpec("acg", acg_measures, "ACG"),
-    "decompose": AuditSpec("decompose", decompose_measures, "B_shared_C", ("PR[",)),
+    "bshared": AuditSpec(
+        "bshared",
+        bshared_measures,
+        "B_shared_C",
+        corrected=("B_shared_C_unbiased", "R_C_unbiased", "gram_negative_mass"),
+    ),
+    "acg": AuditSpec("acg", acg_measures, "ACG", corrected=("B_shared_C_unbiased",)),
+    "decompose": AuditSpec(
+        "decompose",
+        decompose_measures,
+        "B_shared_C",
+        ("PR[",),
+        ("B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"),
+    ),
 }
+
+#: default effect for the seeds-needed column: 5 points of a fraction-valued measure
+DETECT = 0.05
 
 
 @dataclass
@@ -76,12 +107,16 @@ class AuditResult:
     """One audit's tables, each in the schema of the Parquet file the CLI writes."""
 
     command: str  # bshared | acg | decompose
-    per_seed: pd.DataFrame  # model, seed, measure, value
+    per_seed: pd.DataFrame  # model, seed, measure, value, ci_low, ci_high (bootstrap)
     summary: pd.DataFrame  # model, measure, n_seeds, mean, se
-    paired: pd.DataFrame  # model, reference, measure, n, mean, se, n_negative, ci_low, ci_high
+    paired: (
+        pd.DataFrame
+    )  # model, reference, measure, n, mean, se, n_negative, ci_*, sd, seeds_needed
     metadata: dict
     probe_frame: pd.DataFrame
     skipped_pairs: list[str]
+    convergence: pd.DataFrame  # model, seed, angle_deg, dk_bound_deg, eigengap, gate_angle_deg
+    notes: list[str]
 
 
 def sibling(out: Path, suffix: str) -> Path:
@@ -148,10 +183,17 @@ def check_probe_file(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
 
 
 def per_seed_frame(
-    probe_frame: pd.DataFrame, measures: MeasureFn, console: Console
+    probe_frame: pd.DataFrame,
+    spec: AuditSpec,
+    console: Console,
+    bootstrap: int = 1000,
+    notes: list[str] | None = None,
 ) -> pd.DataFrame:
-    """Evaluate ``measures`` for every (model, seed) on the kept families' C and F."""
+    """Evaluate ``spec``'s measures for every (model, seed) on the kept families' C and F,
+    plus the noise-corrected measures and bootstrap intervals where per-sample data exist."""
     rows = []
+    notes = notes if notes is not None else []
+    samples = sample_sets(probe_frame)
     kept = probe_frame[~probe_frame["dropped"].astype(bool)]
     for model, seed in probe_frame[["model", "seed"]].drop_duplicates().itertuples(index=False):
         part = kept[(kept["model"] == model) & (kept["seed"] == seed)]
@@ -160,9 +202,45 @@ def per_seed_frame(
         if len(C) < 2:
             warn(console, f"{model} seed {seed}: fewer than 2 families kept; no measures")
             continue
-        for name, value in measures(list(C.index), C.to_numpy(), F.to_numpy()).items():
-            rows.append({"model": model, "seed": int(seed), "measure": name, "value": value})
-    return pd.DataFrame(rows, columns=["model", "seed", "measure", "value"])
+        families = list(C.index)
+        values = spec.measures(families, C.to_numpy(), F.to_numpy())
+        intervals: dict[str, tuple[float, float]] = {}
+        found = samples.get((model, int(seed)))
+        if found is None:
+            notes.append(
+                "per-sample columns absent (older probe file): no *_unbiased, no intervals"
+            )
+        else:
+            sets = found[1]
+            if min(len(s.logp) for s in sets) < 2 and spec.corrected:
+                notes.append("n = 1: the unbiased Gram needs n >= 2 samples per family")
+            values |= corrected_measures(sets, spec.corrected)
+            if bootstrap > 0:
+                intervals = bootstrap_intervals(
+                    families, sets, spec.measures, spec.corrected, bootstrap, int(seed)
+                )
+        for name, value in values.items():
+            lo, hi = intervals.get(name, (np.nan, np.nan))
+            rows.append(
+                {"model": model, "seed": int(seed), "measure": name, "value": value,
+                 "ci_low": lo, "ci_high": hi}
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=["model", "seed", "measure", "value", "ci_low", "ci_high"])
+
+
+def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:
+    """Per model with >= 2 seeds: the Davis-Kahan direction check of its C (uncertainty.py)."""
+    by_model: dict[str, dict[int, np.ndarray]] = {}
+    for (model, seed), (families, C) in control_matrices(probe_frame).items():
+        if len(families) >= 2:
+            by_model.setdefault(model, {})[seed] = C
+    parts = [
+        direction_stability(mats).assign(model=model)
+        for model, mats in by_model.items()
+        if len(mats) >= 2
+    ]
+    columns = ["model", "seed", "angle_deg", "dk_bound_deg", "eigengap", "gate_angle_deg"]
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
 
 
 def summarize(per_seed: pd.DataFrame) -> pd.DataFrame:
@@ -180,8 +258,11 @@ def paired_against_reference(
     per_seed: pd.DataFrame,
     models: list[str],
     skip: Callable[[str, str], bool] = lambda m, name: False,
+    detect: float = DETECT,
 ) -> pd.DataFrame:
-    """Same-seed differences of every later model against ``models[0]`` (SPEC §4)."""
+    """Same-seed differences of every later model against ``models[0]`` (SPEC §4), with the
+    per-seed Delta SD and the seeds a two-sided paired t-test (alpha 0.05) needs to detect
+    a true Delta of ``detect`` with 80 % power (``stats.seeds_needed``)."""
     columns = [
         "model",
         "reference",
@@ -192,6 +273,8 @@ def paired_against_reference(
         "n_negative",
         "ci_low",
         "ci_high",
+        "sd",
+        "seeds_needed",
     ]
     if len(models) < 2:
         return pd.DataFrame(columns=columns)
@@ -205,6 +288,7 @@ def paired_against_reference(
             if pairs.empty:
                 continue
             diff = paired_difference(pairs[model].to_numpy(), pairs[reference].to_numpy())
+            sd = float(np.std(diff.deltas, ddof=1)) if diff.n > 1 else float("nan")
             rows.append(
                 {
                     "model": model,
@@ -216,13 +300,15 @@ def paired_against_reference(
                     "n_negative": diff.n_negative,
                     "ci_low": diff.ci_low,
                     "ci_high": diff.ci_high,
+                    "sd": sd,
+                    "seeds_needed": seeds_needed(detect, sd),
                 }
             )
     return pd.DataFrame(rows, columns=columns)
 
 
-def run_audit(
-    spec: AuditSpec,
+def obtain_probe_frame(
+    command: str,
     out: Path,
     model_specs: list[str] | None,
     from_path: Path | None,
@@ -232,8 +318,8 @@ def run_audit(
     resume: bool,
     console: Console,
     explicit: dict[str, object] | None = None,
-) -> AuditResult:
-    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs."""
+) -> tuple[pd.DataFrame, dict]:
+    """Read the ``--from`` probe file, or measure the models into ``OUT.probe.parquet``."""
     if from_path is not None:
         if model_specs:
             raise CdscopeError("--from reads an existing probe file: do not also pass --model")
@@ -255,11 +341,32 @@ def run_audit(
             options,
             resume,
             console,
-            spec.command,
+            command,
         )
-    return evaluate_audit(
-        spec, probe_frame, probe_meta, console, str(from_path) if from_path else "measured", out
-    )
+    return probe_frame, probe_meta
+
+
+def run_audit(
+    spec: AuditSpec,
+    out: Path,
+    model_specs: list[str] | None,
+    from_path: Path | None,
+    settings: ProbeSettings,
+    probe_paths: list[Path] | None,
+    options: ModelOptions,
+    resume: bool | str,
+    console: Console,
+    explicit: dict[str, object] | None = None,
+    bootstrap: int = 1000,
+    detect: float = DETECT,
+) -> AuditResult:
+    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs."""
+    probe_frame, probe_meta = obtain_probe_frame(
+        spec.command, out, model_specs, from_path, settings, probe_paths, options, resume,
+        console, explicit,
+    )  # fmt: skip
+    source = str(from_path) if from_path else "measured"
+    return evaluate_audit(spec, probe_frame, probe_meta, console, source, out, bootstrap, detect)
 
 
 def check_probe_frame(frame: object, what: str = "the probe frame") -> pd.DataFrame:
@@ -284,9 +391,12 @@ def evaluate_audit(
     console: Console,
     source: str = "measured",
     out: Path | None = None,
+    bootstrap: int = 1000,
+    detect: float = DETECT,
 ) -> AuditResult:
-    """Per-seed measures, their summary and paired rows from a probe frame; written
-    (per-seed to ``out``, summary beside it) when ``out`` is given."""
+    """Per-seed measures, their summary, paired rows and the direction check from a probe
+    frame; written (per-seed to ``out``, summary and convergence beside it) when ``out``
+    is given."""
     check_probe_frame(probe_frame)
     models = list(dict.fromkeys(probe_frame["model"]))
     ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
@@ -301,13 +411,18 @@ def evaluate_audit(
             return True
         return False
 
-    per_seed = per_seed_frame(probe_frame, spec.measures, console)
+    notes: list[str] = []
+    per_seed = per_seed_frame(probe_frame, spec, console, bootstrap, notes)
     if per_seed.empty:  # before anything is written: no half set of outputs
         raise CdscopeError(
             "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
         )
+    notes = sorted(set(notes))
+    for note in notes:
+        warn(console, note, "note:")
     summary = summarize(per_seed)
-    paired = paired_against_reference(per_seed, models, skip)
+    paired = paired_against_reference(per_seed, models, skip, detect)
+    convergence = convergence_frame(probe_frame)
     if skipped:
         warn(
             console,
@@ -320,6 +435,9 @@ def evaluate_audit(
         source=source,
         probe=probe_meta,
         reference_model=models[0] if models else None,
+        bootstrap=bootstrap,
+        detect=detect,
+        notes=notes,
     )
     if out is not None:
         write_parquet(per_seed, out, metadata)
@@ -327,8 +445,17 @@ def evaluate_audit(
             [summary.assign(kind="mean"), paired.assign(kind="paired")], ignore_index=True
         )
         write_parquet(both, sibling(out, "summary"), metadata)
+        write_parquet(convergence, sibling(out, "convergence"), metadata)
     return AuditResult(
-        spec.command, per_seed, summary, paired, metadata, probe_frame, sorted(set(skipped))
+        spec.command,
+        per_seed,
+        summary,
+        paired,
+        metadata,
+        probe_frame,
+        sorted(set(skipped)),
+        convergence,
+        notes,
     )
 
 

@@ -62,8 +62,21 @@ def drawn_metadata(pool: ProbePool, n: int, seeds: Iterable[int]) -> dict[str, d
     return {str(s): drawn_ids(draw_probe(pool, int(s), n)) for s in sorted(set(seeds))}
 
 
+def _sample_lists(result: ControlResult) -> dict[str, list]:
+    """The per-sample columns (frames.SAMPLE_COLUMNS): one list per (family, gate) row."""
+    M, K = result.dl_dg.shape  # noqa: N806
+    if result.row_family is None:
+        return {}
+    rows = [np.flatnonzero(result.row_family == m) for m in range(M)]
+    return {
+        "logp_samples": [result.row_logp[r].tolist() for r in rows for _ in range(K)],
+        "dlogp_samples": [result.row_dlogp[r, k].tolist() for r in rows for k in range(K)],
+        "F_samples": [result.row_F[r, k].tolist() for r in rows for k in range(K)],
+    }
+
+
 def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
-    """Long format: one row per (family, gate)."""
+    """Long format: one row per (family, gate), with the per-sample lists when known."""
     M, K = result.dl_dg.shape  # noqa: N806
     gates = result.gate_set
     return pd.DataFrame(
@@ -79,6 +92,7 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
             "dl_dg": result.dl_dg.ravel(),
             "ell": np.repeat(result.ell, K),
             "dropped": np.repeat(~result.kept, K),
+            **_sample_lists(result),
         }
     )
 

@@ -1,0 +1,160 @@
+"""Per-sample uncertainty of the audit measures within one probe seed (SPEC §4).
+
+Built on the per-sample probe quantities (``frames.FamilySamples``): for family m with
+samples i = 1..n_m, log pi_i, d log pi_i / d g and F_i.
+
+* ``corrected_measures``: B_shared, R, B_dir, B_norm of the noise-corrected Gram
+  (``noise.unbiased_gram`` of c_{m,i} = (1 / l_m) d log pi_i / d g, l_m held fixed) and the
+  eigenvalue mass clipped to make it PSD, named ``<measure>_C_unbiased`` and
+  ``gram_negative_mass``.
+* ``bootstrap_intervals``: within a seed, resample each family's samples with replacement
+  (whole samples: log pi_i, d log pi_i / d g and F_i together), recompute l_m, C, F and
+  every measure on each of B resamples, and report the percentile interval. l_m is
+  recomputed per resample, so the interval includes the normaliser's noise. Bootstrap
+  intervals at n = 2..3 are crude (a resample of 3 samples has at most 3 distinct values
+  per family); they are a floor on the within-seed uncertainty, not a calibrated 95 %.
+* ``direction_stability``: does the leading eigenvector of the Gram stay put across
+  seeds? Davis-Kahan view: per seed, the angle between the leading eigenvector of its
+  trace-normalised Gram Ĝ_s and that of the seeds' mean Ḡ, the eigengap
+  (lambda_1 - lambda_2) of Ĝ_s, and the Davis-Kahan bound on that angle,
+  sin theta <= 2 ||Ĝ_s - Ḡ||_op / (lambda_1(Ḡ) - lambda_2(Ḡ)) (Yu, Wang & Samworth 2015).
+  The same angle is reported for the gate-space direction (top right singular vector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from cdscope.frames import FamilySamples
+from cdscope.noise import gram_measures, unbiased_gram
+
+#: (families, C, F) -> {name: value}; the audit engine's measure functions
+MeasureFn = Callable[[list[str], np.ndarray, np.ndarray], dict[str, float]]
+
+CORRECTED = {
+    "B_shared": "B_shared_C_unbiased",
+    "R": "R_C_unbiased",
+    "B_dir": "B_dir_unbiased",
+    "B_norm": "B_norm_unbiased",
+    "negative_mass": "gram_negative_mass",
+}
+
+
+def contributions(sets: Sequence[FamilySamples]) -> list[np.ndarray]:
+    """c_{m,i} = d log pi_i / d g / l_m with l_m = mean_i log pi_i held fixed: [n_m, K] each."""
+    return [s.dlogp / s.logp.mean() for s in sets]
+
+
+def corrected_measures(
+    sets: Sequence[FamilySamples], names: Sequence[str] | None = None
+) -> dict[str, float]:
+    """The noise-corrected measures of one (model, seed), ``names`` from CORRECTED's values.
+
+    Empty when some family has fewer than 2 samples (the unbiased Gram is undefined).
+    """
+    if min(len(s.logp) for s in sets) < 2:
+        return {}
+    values = gram_measures(unbiased_gram(contributions(sets)))
+    out = {CORRECTED[k]: float(v) for k, v in values.items()}
+    return {k: v for k, v in out.items() if names is None or k in names}
+
+
+def _resampled(
+    sets: Sequence[FamilySamples], B: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """B resamples: C [B, M, K], F [B, M, K], and c_{m,i} per family [B, n_m, K]."""
+    Cs, Fs, cs = [], [], []
+    for s in sets:
+        idx = rng.integers(0, len(s.logp), size=(B, len(s.logp)))
+        ell = s.logp[idx].mean(axis=1)  # [B]
+        c = s.dlogp[idx] / ell[:, None, None]  # [B, n, K]
+        cs.append(c)
+        Cs.append(c.mean(axis=1))
+        Fs.append(s.F[idx].mean(axis=1))
+    return np.stack(Cs, axis=1), np.stack(Fs, axis=1), cs
+
+
+def bootstrap_intervals(
+    families: list[str],
+    sets: Sequence[FamilySamples],
+    measures: MeasureFn,
+    corrected: Sequence[str],
+    B: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, tuple[float, float]]:
+    """Percentile-bootstrap interval of every measure over resampled probe samples (module doc).
+
+    Returns {measure: (low, high)} for ``measures``' outputs and the ``corrected`` names.
+    A resample on which a measure is undefined (e.g. an all-zero row) counts as NaN and
+    is left out of that measure's quantiles; an interval with no finite value is NaN.
+    """
+    rng = np.random.default_rng(seed)
+    C, F, cs = _resampled(sets, B, rng)
+    draws: dict[str, list[float]] = {}
+    for b in range(B):
+        try:
+            values = measures(families, C[b], F[b])
+        except ValueError:
+            continue
+        for name, value in values.items():
+            draws.setdefault(name, []).append(value)
+    if corrected and min(len(s.logp) for s in sets) >= 2:
+        for key, arr in gram_measures(unbiased_gram(cs)).items():
+            if CORRECTED[key] in corrected:
+                draws[CORRECTED[key]] = list(arr)
+    alpha = (1.0 - level) / 2.0
+    out = {}
+    for name, values in draws.items():
+        v = np.asarray(values, dtype=np.float64)
+        v = v[np.isfinite(v)]
+        lo, hi = np.quantile(v, [alpha, 1.0 - alpha]) if v.size else (np.nan, np.nan)
+        out[name] = (float(lo), float(hi))
+    return out
+
+
+def _leading(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (descending) and leading eigenvector of a symmetric matrix."""
+    w, V = np.linalg.eigh(G)
+    return w[::-1], V[:, -1]
+
+
+def _angle_deg(a: np.ndarray, b: np.ndarray) -> float:
+    cos = abs(float(a @ b)) / (np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.degrees(np.arccos(min(1.0, cos))))
+
+
+def direction_stability(matrices: dict[int, np.ndarray]) -> pd.DataFrame:
+    """Per seed: angles of the leading family- and gate-space directions to the seeds'
+    mean, the eigengap and the Davis-Kahan bound (module doc). ``matrices``: seed -> C.
+
+    Columns: seed, angle_deg, dk_bound_deg, eigengap, gate_angle_deg. The eigengap is of
+    the trace-normalised Gram, so it reads in B_shared units (lambda_1 - lambda_2) / tr.
+    """
+    seeds = sorted(matrices)
+    grams = [matrices[s] @ matrices[s].T for s in seeds]
+    grams = [G / np.trace(G) for G in grams]
+    gates = [matrices[s].T @ matrices[s] for s in seeds]
+    gates = [H / np.trace(H) for H in gates]
+    w_mean, u_mean = _leading(np.mean(grams, axis=0))
+    _, v_mean = _leading(np.mean(gates, axis=0))
+    gap_mean = w_mean[0] - w_mean[1] if len(w_mean) > 1 else np.inf
+    rows = []
+    for seed, G, H in zip(seeds, grams, gates, strict=True):
+        w, u = _leading(G)
+        _, v = _leading(H)
+        spread = float(np.linalg.norm(G - np.mean(grams, axis=0), ord=2))
+        sin_bound = min(1.0, 2.0 * spread / gap_mean) if gap_mean > 0 else 1.0
+        rows.append(
+            {
+                "seed": seed,
+                "angle_deg": _angle_deg(u, u_mean),
+                "dk_bound_deg": float(np.degrees(np.arcsin(sin_bound))),
+                "eigengap": float(w[0] - w[1]) if len(w) > 1 else float("nan"),
+                "gate_angle_deg": _angle_deg(v, v_mean),
+            }
+        )
+    return pd.DataFrame(rows)

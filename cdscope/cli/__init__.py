@@ -7,7 +7,7 @@ One module per group of commands; importing them registers the commands on ``app
 
 from __future__ import annotations
 
-from cdscope.cli import audits, eap, evaluate, measure, train  # noqa: F401 - registers the commands
+from cdscope.cli import audits, eap, evaluate, inspect, measure, train  # noqa: F401 - registers the commands
 from cdscope.cli.common import app
 
 __all__ = ["app", "main"]

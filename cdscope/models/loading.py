@@ -53,9 +53,9 @@ class LoadedModel:
 
     @property
     def num_layers(self) -> int:
-        from cdscope.models.adapters import adapter_for
+        from cdscope.models.adapters import architecture_of
 
-        return len(adapter_for(self.model).layers(self.model))
+        return architecture_of(self.model).num_layers
 
 
 def cache_root() -> Path:
@@ -177,8 +177,12 @@ def load_model(
     dtype: str = "auto",
     attn: str = "auto",
     console: object | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Load ``spec`` for evaluation (eval mode), on ``device`` in ``dtype``.
+
+    ``trust_remote_code`` lets a local directory or hub id run its own modeling code
+    (its residual writes are discovered and proven like any other model's).
 
     Raises ``CdscopeError`` with one line when the model cannot be found or loaded.
     """
@@ -189,6 +193,7 @@ def load_model(
     if attn not in ATTN_IMPLEMENTATIONS:
         raise CdscopeError(f"--attn must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {attn!r}")
     kwargs: dict = {"dtype": torch_dtype}
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
     if attn != "auto":
         kwargs["attn_implementation"] = attn
 
@@ -213,13 +218,13 @@ def load_model(
                     f"{path} is a directory but has no config.json: not a model directory"
                 )
             source, revision = str(path.resolve()), _weights_hash(path)
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **remote)
+            tokenizer = AutoTokenizer.from_pretrained(path, **remote)
         elif spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
             raise CdscopeError(f"model path not found: {spec}")
         else:
-            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs)
-            tokenizer = AutoTokenizer.from_pretrained(spec)
+            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs, **remote)
+            tokenizer = AutoTokenizer.from_pretrained(spec, **remote)
             source = spec
             revision = getattr(model.config, "_commit_hash", None) or "unknown"
     except CdscopeError:
@@ -237,27 +242,8 @@ def load_model(
 
 
 def model_gate_count(spec: str) -> int:
-    """K = 2 x layers of ``spec`` from its config alone (no weights loaded where avoidable)."""
-    from transformers import AutoConfig
+    """K of ``spec``: the number of residual writes its proven architecture description has
+    (the model is loaded: K is discovered from its forward, not read from a table)."""
+    from cdscope.models.adapters import architecture_of
 
-    from cdscope.models.adapters import ADAPTERS
-
-    path = Path(spec).expanduser()
-    try:
-        if spec == EMBEDDED_NAME:
-            config = AutoConfig.from_pretrained(embedded_model_dir()[0])
-        elif path.suffix == ".gguf":
-            return 2 * load_model(spec).num_layers
-        elif path.is_dir() or "/" in spec and not path.exists() and spec.count("/") == 1:
-            config = AutoConfig.from_pretrained(spec)
-        else:
-            raise CdscopeError(f"model path not found: {spec}")
-    except (OSError, ValueError) as exc:
-        raise CdscopeError(
-            f"cannot read the config of {spec!r}: {str(exc).splitlines()[0]}"
-        ) from exc
-    if config.model_type not in ADAPTERS:
-        raise CdscopeError(
-            f"unsupported architecture {config.model_type!r}: cdscope knows {', '.join(sorted(ADAPTERS))}"
-        )
-    return 2 * int(config.num_hidden_layers)
+    return architecture_of(load_model(spec, device="cpu").model).K

@@ -125,11 +125,17 @@ class Reads:
     split: tuple[int, int, int] | None  # fused: column widths of q, k, v
 
 
+def _path_key(name: str) -> str:
+    """``q_proj`` / ``query`` / ``Wq`` / ``to_q`` -> ``q`` (else the bare name)."""
+    key = name.rsplit(".", 1)[-1].lower().replace("_proj", "").replace("to_", "").strip("_")
+    key = {"query": "q", "key": "k", "value": "v"}.get(key, key)
+    return key[1:] if len(key) == 2 and key[0] == "w" else key
+
+
 def _qkv_order(readers: tuple[str, ...]) -> tuple[str, ...] | None:
-    keys = {"q": ("q", "query"), "k": ("k", "key"), "v": ("v", "value")}
     order = []
     for p in PATHS:
-        hits = [r for r in readers if r.rsplit(".", 1)[-1].lower().split("_")[0] in keys[p]]
+        hits = [r for r in readers if _path_key(r) == p]
         if len(hits) != 1:
             return None
         order.append(hits[0])
@@ -170,7 +176,9 @@ def _reads(model: nn.Module, arch: Architecture, w: Write) -> Reads:
         split = _fused_split(model, model.get_submodule(w.readers[0]))
         if split is not None:
             return Reads(w, w.pre_norm, shared, w.readers, split)
-        raise CdscopeError(f"{where}: fused projection {w.readers[0]} is not [q | k | v] sized")
+        raise CdscopeError(
+            f"{where}: fused projection {w.readers[0]} does not have q + k + v columns"
+        )
     names = ", ".join(r.rsplit(".", 1)[-1] for r in w.readers) or "no module inside the write"
     raise CdscopeError(f"{where}: attention reads its input through {names}, not q/k/v")
 
@@ -208,7 +216,8 @@ def _check_contiguous(model: nn.Module, arch: Architecture, reads: Reads) -> Non
     if not torch.allclose(qk, base) or torch.equal(v, base):
         raise CdscopeError(
             f"eap-info: {arch.model_type} layer {reads.write.layer}: fused projection "
-            f"{reads.projections[0]} is not laid out as [q | k | v] (interleaved heads?)"
+            f"{reads.projections[0]} is not laid out as contiguous q, k, v column blocks "
+            "(interleaved heads?)"
         )
 
 

@@ -158,16 +158,18 @@ class GatedModel:
     def _make_hook(self, k: int):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: tuple, output: object) -> object | None:
             write = _first_tensor(output)
+            rows = None if self._gates is None else self._gates.shape[0]
             if self._capture is not None:
                 wide = write.detach().to(torch.promote_types(write.dtype, torch.float32))
-                self._capture.norms[k] = wide.norm(dim=-1)
+                norms = wide.norm(dim=-1)
+                self._capture.norms[k] = norms if rows is None else norms.reshape(rows, -1)
             if self._gates is None:
                 return None
-            if self._gates.shape[0] != write.shape[0]:
-                raise ValueError(
-                    f"gate rows ({self._gates.shape[0]}) != batch rows ({write.shape[0]})"
-                )
-            g = self._gates[:, k].to(write.dtype).view(-1, *([1] * (write.dim() - 1)))
-            return _replace_first(output, write * g)
+            g = self._gates[:, k].to(write.dtype)
+            if write.shape[0] != rows:  # rows flattened to [B*T, H] (OPT's MLP)
+                if write.dim() != 2 or write.shape[0] % rows:
+                    raise ValueError(f"gate rows ({rows}) != batch rows ({write.shape[0]})")
+                g = g.repeat_interleave(write.shape[0] // rows)
+            return _replace_first(output, write * g.view(-1, *([1] * (write.dim() - 1))))
 
         return hook

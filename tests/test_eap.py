@@ -281,7 +281,7 @@ def test_hooks_keep_the_forward_and_leave_nothing_behind(arch, models, batch) ->
 
 def test_unsupported_architectures_are_refused_with_a_reason() -> None:
     """GPT-NeoX interleaves heads in its fused query_key_value: no exact [q | k | v] split."""
-    with pytest.raises(CdscopeError, match="not laid out as \\[q \\| k \\| v\\]"):
+    with pytest.raises(CdscopeError, match="not laid out as contiguous q, k, v"):
         EdgeHooks(tiny_model("gpt_neox"))
 
 

@@ -31,8 +31,9 @@ import torch
 FD_TOLERANCE = 1e-3
 TYPE_BUDGET_S = 60
 #: finite-difference steps tried (the better agreement counts): 1e-2 keeps the rounding of
-#: fp32-internal norms small; 1e-3 stays clear of MoE routing switches near g = 1
-FD_STEPS = (1e-2, 1e-3)
+#: fp32-internal norms small; smaller steps stay clear of MoE routing switches and ReLU
+#: kinks near g = 1
+FD_STEPS = (1e-2, 1e-3, 1e-4)
 VOCAB = 512
 #: generic tiny sizes, passed to every config (unknown keys are ignored by the models)
 SMALL: dict = dict(
@@ -54,11 +55,12 @@ SMALL: dict = dict(
     moe_intermediate_size=32,
     shared_expert_intermediate_size=32,
     n_group=1,
+    first_k_dense_replace=1,
     topk_group=1,
     kv_lora_rank=16,
     q_lora_rank=32,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=8,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
     v_head_dim=16,
     state_size=8,
     ssm_state_size=8,
@@ -78,6 +80,7 @@ SMALL: dict = dict(
     linear_key_head_dim=16,
     linear_value_head_dim=16,
     linear_conv_kernel_dim=4,
+    residual_in_fp32=False,
     tie_word_embeddings=False,
 )
 #: per-type changes to SMALL where the generic sizes do not instantiate or hide a feature
@@ -87,7 +90,17 @@ TWEAKS: dict[str, dict] = {
                   expert_layer_offset=1),
     "gpt_neox": dict(use_parallel_residual=True),
     "gptj": dict(rotary_dim=8),
-    "deepseek_v3": dict(head_dim=8),
+    **{  # multi-head latent attention: as many key/value heads as query heads
+        t: dict(num_key_value_heads=4)
+        for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
+                  "minicpm3", "longcat_flash", "axk1", "axk2", "kimi_linear")
+    },
+    "codegen": dict(rotary_dim=8),
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+    "gemma4": dict(head_dim=None),
+    "gemma4_text": dict(head_dim=None),
+    "gemma4_unified": dict(head_dim=None),
+    "gemma4_unified_text": dict(head_dim=None),
     "falcon": dict(head_dim=None, new_decoder_architecture=True, num_kv_heads=2),
 }
 

@@ -252,9 +252,12 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 def candidates(trace: BlockTrace, depth: int) -> list[Record]:
     """Modules whose single output has the stream's shape and is not a copy of its input."""
     out, seen = [], []
+    shape = trace.h_in.shape
     for rec in sorted(trace.records.values(), key=lambda r: r.order):
         if rec.depth > depth or rec.calls != 1 or rec.out is None:
             continue
+        if rec.out.shape != shape and rec.out.shape[-1] == shape[-1] and rec.out.numel() == trace.h_in.numel():
+            rec.out = rec.out.reshape(shape)  # rows flattened to [B*T, H] (OPT's MLP)
         if rec.out.shape != trace.h_in.shape or _same(rec.out, rec.inp):
             continue
         if _same(rec.out, trace.h_in) or _same(rec.out, trace.h_out):

@@ -96,7 +96,7 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
         worst = 0.0
         for layer, (h_in, h_out) in enumerate(ios):
             ks = [k for k, w in enumerate(arch.writes) if w.layer == layer]
-            terms = [arch.writes[k].scale * outs[k].double() for k in ks]
+            terms = [arch.writes[k].scale * outs[k].double().reshape(h_in.shape) for k in ks]
             update = h_out.double() - h_in.double() - sum(terms)
             scale = max([h_in.double().abs().max().item(), h_out.double().abs().max().item()]
                         + [t.abs().max().item() for t in terms] + [1e-30])

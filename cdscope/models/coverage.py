@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import signal
 import sys
 import warnings
@@ -229,8 +230,13 @@ def check_type(model_type: str) -> Row:
         notes.append("post-sublayer norms")
     if any(w.scale != 1.0 for w in arch.writes):
         notes.append("residual multiplier")
-    notes.append(f"C vs FD {'< 1e-6' if fd_err < 1e-6 else f'{fd_err:.0e}'}")
+    notes.append(f"C vs FD < 1e-{min(6, int(-math.log10(max(fd_err, 1e-300))))}")
     return Row(model_type, "supported", roles, arch.K, eap_support(model, arch), "; ".join(notes))
+
+
+#: types whose tiny config still takes over TYPE_BUDGET_S to build and run on one CPU thread
+#: (measured once; listed so that the generated page does not depend on the machine's speed)
+NOT_MEASURED = ("blt", "kimi_linear", "phi4_multimodal")
 
 
 class _Timeout(BaseException):  # not caught by check_type's `except Exception`
@@ -258,6 +264,8 @@ def run(types: list[str] | None = None, budget_s: int = TYPE_BUDGET_S) -> list[R
                 warnings.simplefilter("ignore")
                 signal.alarm(budget_s)
                 try:
+                    if model_type in NOT_MEASURED:
+                        raise _Timeout
                     rows.append(check_type(model_type))
                 except _Timeout:
                     note = f"too slow at tiny size (> {budget_s} s on one CPU thread)"

@@ -108,7 +108,8 @@ def input_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 def text_config(model: nn.Module) -> object:
-    config = model.config
+    """The (text) config of ``model``; None for a bare module without one."""
+    config = getattr(model, "config", None)
     getter = getattr(config, "get_text_config", None)
     return getter() if callable(getter) else config
 

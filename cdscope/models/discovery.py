@@ -32,6 +32,7 @@ Every step is checked again on each load by ``cdscope.models.proof``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,11 +46,12 @@ from cdscope.errors import CdscopeError
 PROBE_TOKENS = 6
 MAX_DEPTH = 2
 MAX_WRITES = 4  # a block with more residual writes than this is not searched for
-_MIXER_WORDS = ("mamba", "mixer", "ssm", "linear_attn", "linearattention", "deltanet",
-                "shortconv", "short_conv", "conv", "rwkv", "retention", "recurrent", "rglru",
-                "hyena", "lightning", "gla", "kda", "delta")
-_ATTN_WORDS = ("attn", "attention")
-_MOE_WORDS = ("moe", "expert", "sparse")
+#: name tokens of the roles (see ``role_of``)
+_MIXER_WORDS = ("mixer", "ssm", "conv", "rwkv", "retention", "recurrent", "rglru", "hyena",
+                "lightning", "deltanet", "delta", "gla", "kda", "xlstm", "mlstm", "slstm")
+_ATTN_WORDS = ("attn", "attention", "attentions")
+_MOE_WORDS = ("moe", "sparse", "experts", "expert")
+_MLP_WORDS = ("mlp", "ffn", "feed", "feedforward", "mlps")
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -226,23 +228,54 @@ def is_norm(module: nn.Module) -> bool:
     ).__name__.lower()
 
 
+def _tokens(name: str) -> list[str]:
+    """``GptOssMLP`` -> ``[gpt, oss, mlp]``; ``self_attn`` -> ``[self, attn]``."""
+    return [t.lower() for t in re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+", name)]
+
+
+def _family_prefix(model: nn.Module) -> list[str]:
+    words = _tokens(type(model).__name__)
+    return words[: words.index("for")] if "for" in words else []
+
+
+def _class_words(module: nn.Module, prefix: list[str]) -> list[str]:
+    """Class-name tokens without the model family's own prefix (``RecurrentGemmaMlp`` -> mlp)."""
+    words = _tokens(type(module).__name__)
+    i = 0
+    while i < min(len(prefix), len(words) - 1) and words[i] == prefix[i]:
+        i += 1
+    return words[i:]
+
+
+def _kind(words: list[str]) -> str | None:
+    if any(w in _MIXER_WORDS or w.startswith("mamba") for w in words) or (
+        "linear" in words and any(w in _ATTN_WORDS for w in words)
+    ):
+        return "mixer"
+    if any(w in _ATTN_WORDS for w in words):
+        return "attn"
+    return None
+
+
 def role_of(model: nn.Module, path: str, within: str = "") -> str:
-    """``mixer`` / ``attn`` / ``moe`` / ``mlp`` from the module names and classes on
+    """``mixer`` / ``attn`` / ``moe`` / ``mlp`` from the class and attribute names on
     ``path`` below ``within`` (the block), deepest first (Bloom: ``self_attention.dense``)."""
+    prefix = _family_prefix(model)
     parts = path[len(within):].strip(".").split(".") if path.startswith(within) else [path]
     for depth in range(len(parts), 0, -1):
-        sub = ".".join(parts[:depth])
-        module = model.get_submodule(f"{within}.{sub}" if within else sub)
-        words = (parts[depth - 1] + " " + type(module).__name__).lower()
-        if any(w in words for w in _MIXER_WORDS):
-            return "mixer"
-        if any(w in words for w in _ATTN_WORDS):
-            return "attn"
-        experts = any(
-            "expert" in n.rsplit(".", 1)[-1].lower() for n, _ in module.named_modules() if n
-        )
-        if experts or any(w in words for w in _MOE_WORDS):
+        module = model.get_submodule(".".join(([within] if within else []) + parts[:depth]))
+        cls, name = _class_words(module, prefix), _tokens(parts[depth - 1])
+        kind = _kind(cls) or _kind(name)
+        if kind:
+            return kind
+        if any("expert" in n.rsplit(".", 1)[-1].lower() for n, _ in module.named_modules() if n):
             return "moe"
+        if any(w in _MLP_WORDS for w in name):
+            return "mlp"
+        if any(w in _MOE_WORDS for w in cls + name):
+            return "moe"
+        if any(w in _MLP_WORDS for w in cls):
+            return "mlp"
     return "mlp"
 
 

@@ -64,7 +64,7 @@ from torch.utils.hooks import RemovableHandle
 
 from cdscope.batch import ProbeBatch
 from cdscope.control import _chunks, frozen_parameters
-from cdscope.eap_graph import PATHS, EdgeGraph, edge_count, eap_plan, eap_support
+from cdscope.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.errors import CdscopeError
 from cdscope.gates import _first_tensor
 from cdscope.likelihood import row_target_logprobs
@@ -137,9 +137,10 @@ class EdgeHooks:
             w = reads.write
             add(get(w.path).register_forward_hook(self._record(k + 1)))
             stream = reads.pre_norm or w.sublayer  # the module whose input is the stream
-            if w.role == "attn" or reads.shared_norm or reads.pre_norm is None:
-                add(get(stream).register_forward_pre_hook(self._stash_input(stream), with_kwargs=True))
             norm = get(reads.pre_norm) if reads.pre_norm else None
+            if w.role == "attn" or reads.shared_norm or norm is None:
+                hook = self._stash_input(stream)
+                add(get(stream).register_forward_pre_hook(hook, with_kwargs=True))
             if w.role == "attn" and reads.split is not None:
                 hook = self._fused_qkv(consumer, stream, norm, reads.split)
                 add(get(reads.projections[0]).register_forward_hook(hook))
@@ -180,7 +181,7 @@ class EdgeHooks:
         return hook
 
     def _path_rerun(self, consumer: int, stream: str, norm: nn.Module | None):  # noqa: ANN202
-        """Replace a reader's input by ``norm(alias(x))``: its own path through the norm."""
+        """Replace a reader's input by ``norm(alias(x))`` (or ``alias(x)`` without a norm)."""
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
             alias = self._alias(consumer, self._stash[stream])
@@ -291,4 +292,3 @@ def edge_statistics(scores: np.ndarray) -> dict[str, np.ndarray]:
         "info_complexity": _sps.entropy(mags, axis=1) / np.log(mags.shape[1]),
         "kurtosis": _sps.kurtosis(mags, axis=1, fisher=False),
     }
-

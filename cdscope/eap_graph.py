@@ -17,8 +17,8 @@ Supported: every write is ``attn`` / ``mlp`` / ``moe``; attention reads its inpu
 exactly q, k, v projections or one fused projection whose columns are [q | k | v]
 (checked on the model: zeroing the presumed q and k columns at position 0 leaves the
 attention output at position 0 unchanged, zeroing the v columns does not); the LM head
-reads the last block through a module (the final norm). Anything else is refused with
-a one-line reason.
+reads the last block through a module (the final norm); every node reads the stream
+through a pre-norm or directly (OLMo-2). Anything else is refused with a one-line reason.
 """
 
 from __future__ import annotations
@@ -57,9 +57,7 @@ class EdgeGraph:
     edge_cons: np.ndarray
 
     @classmethod
-    def build(
-        cls, num_layers: int, writes: list[tuple[int, str, bool]]
-    ) -> EdgeGraph:
+    def build(cls, num_layers: int, writes: list[tuple[int, str, bool]]) -> EdgeGraph:
         """``writes``: ``(layer, role, parallel)`` in gate order."""
         if num_layers < 1:
             raise ValueError(f"a graph needs at least one layer; got {num_layers}")
@@ -119,7 +117,7 @@ class Reads:
     """How one write node reads the stream: its pre-norm and its input modules."""
 
     write: Write
-    pre_norm: str | None  # None: the sublayer (or projections) read the stream directly
+    pre_norm: str | None  # the norm whose input is the stream; None: the sublayer reads it
     shared_norm: bool  # the pre-norm also feeds another node (GPT-J's ln_1)
     projections: tuple[str, ...]  # attn: q, k, v paths, or one fused projection
     split: tuple[int, int, int] | None  # fused: column widths of q, k, v
@@ -166,9 +164,16 @@ def _reads(model: nn.Module, arch: Architecture, w: Write) -> Reads:
             f"{where} has a {w.role} write (SSM / linear-attention / conv mixer): "
             "edges need attention read through q/k/v projections"
         )
-    shared = sum(1 for o in arch.layer_writes(w.layer) if o.pre_norm == w.pre_norm) > 1
+    if w.pre_norm is None and not w.reads_stream:
+        raise CdscopeError(
+            f"{where}: neither a norm nor the stream itself feeds its {w.role} sublayer "
+            f"{w.sublayer}: the path through which it reads the stream is not identifiable"
+        )
+    shared = w.pre_norm is not None and (
+        sum(1 for o in arch.layer_writes(w.layer) if o.pre_norm == w.pre_norm) > 1
+    )
     if w.role != "attn":
-        return Reads(w, w.pre_norm, shared and w.pre_norm is not None, (), None)
+        return Reads(w, w.pre_norm, shared, (), None)
     qkv = _qkv_order(w.readers)
     if qkv is not None and len(w.readers) == 3:
         return Reads(w, w.pre_norm, shared, qkv, None)

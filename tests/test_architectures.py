@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import byte_tokenizer, tiny_model, write_pool
@@ -43,7 +44,7 @@ def test_named_architectures_are_discovered_and_proven(model_type: str) -> None:
     layer0, layer1, parallel, post = NAMED[model_type]
     arch = architecture_of(coverage.tiny_model(model_type))
     assert (arch.roles(0), arch.roles(1)) == (layer0, layer1)
-    assert arch.K == len(layer0) + len(layer1)
+    assert len(layer0) + len(layer1) == arch.K
     assert any(w.parallel for w in arch.writes) == parallel
     assert any(w.post_norm for w in arch.writes) == post
     proof = arch.proof
@@ -119,8 +120,14 @@ def test_post_layer_norm_and_encoder_decoder_models_are_refused() -> None:
     from transformers import BertConfig, BertLMHeadModel, T5Config, T5ForConditionalGeneration
 
     bert = BertLMHeadModel(
-        BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                   intermediate_size=64, is_decoder=True)
+        BertConfig(
+            vocab_size=300,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            is_decoder=True,
+        )
     ).eval()
     with pytest.raises(CdscopeError, match="no set of module outputs sums"):
         architecture_of(bert)
@@ -138,7 +145,7 @@ def _save(model_type: str, directory: Path) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "falcon", "jamba"])
+@pytest.mark.parametrize("model_type", sorted(NAMED))
 def test_inspect_probe_and_eap_info_on_local_checkpoints(model_type: str, tmp_path) -> None:
     directory = _save(model_type, tmp_path / model_type)
     result = invoke("inspect", "--model", directory, "--json")
@@ -157,8 +164,20 @@ def test_inspect_probe_and_eap_info_on_local_checkpoints(model_type: str, tmp_pa
     frame = pd.read_parquet(out)
     roles = [w["role"] for layer in record["layers"] for w in layer["writes"]]
     assert frame.groupby("gate")["sublayer"].first().tolist() == roles
-    eap = invoke("eap-info", "--model", directory, "--probe", pool, "--family", "math",
-                 "--n", 2, "--use-targets", "--out", tmp_path / "eap.parquet")
+    eap = invoke(
+        "eap-info",
+        "--model",
+        directory,
+        "--probe",
+        pool,
+        "--family",
+        "math",
+        "--n",
+        2,
+        "--use-targets",
+        "--out",
+        tmp_path / "eap.parquet",
+    )
     if record["eap_info"] == "yes":
         assert eap.exit_code == 0, eap.output
     else:
@@ -168,8 +187,19 @@ def test_inspect_probe_and_eap_info_on_local_checkpoints(model_type: str, tmp_pa
 def test_bshared_on_a_moe_checkpoint(tmp_path) -> None:
     directory = _save("qwen3_moe", tmp_path / "moe")
     pool = write_pool(tmp_path / "pool.jsonl", {"math": 3, "code": 3, "logic": 3})
-    result = invoke("bshared", "--model", directory, "--probe", pool, "--seeds", 1, "--n", 2,
-                    "--out", tmp_path / "b.parquet")
+    result = invoke(
+        "bshared",
+        "--model",
+        directory,
+        "--probe",
+        pool,
+        "--seeds",
+        1,
+        "--n",
+        2,
+        "--out",
+        tmp_path / "b.parquet",
+    )
     assert result.exit_code == 0, result.output
 
 
@@ -178,10 +208,17 @@ def test_custom_code_model_whose_writes_cannot_be_found_is_refused(tmp_path) -> 
     directory = tmp_path / "custom"
     directory.mkdir()
     (directory / "modeling_postln.py").write_text(_POST_LN_CODE)
-    config = {"model_type": "postln", "architectures": ["PostLNForCausalLM"],
-              "auto_map": {"AutoConfig": "modeling_postln.PostLNConfig",
-                           "AutoModelForCausalLM": "modeling_postln.PostLNForCausalLM"},
-              "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2}
+    config = {
+        "model_type": "postln",
+        "architectures": ["PostLNForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "modeling_postln.PostLNConfig",
+            "AutoModelForCausalLM": "modeling_postln.PostLNForCausalLM",
+        },
+        "vocab_size": 300,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+    }
     (directory / "config.json").write_text(json.dumps(config))
     byte_tokenizer().save_pretrained(directory)
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -194,7 +231,7 @@ def test_custom_code_model_whose_writes_cannot_be_found_is_refused(tmp_path) -> 
     assert len(result.output.strip().splitlines()) <= 3  # one (soft-wrapped) line
 
 
-_POST_LN_CODE = '''
+_POST_LN_CODE = """
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
@@ -250,4 +287,37 @@ class PostLNForCausalLM(PreTrainedModel):
 
     def forward(self, input_ids=None, **kw):
         return CausalLMOutput(logits=self.lm_head(self.model(input_ids).last_hidden_state))
-'''
+"""
+
+
+@pytest.mark.parametrize("model_type", ["olmo2", "gptj", "mixtral", "phi3", "qwen2_moe"])
+def test_eap_outgoing_sums_equal_minus_gate_gradient(model_type: str) -> None:
+    """Post-norm-only (OLMo-2), parallel with a shared norm (GPT-J), MoE, fused GQA q/k/v
+    (Phi-3): sum over u's outgoing edges of s(u -> v) = -dLoss/dg_u, with g_emb a scalar on
+    the token embeddings (the twin of tests/test_eap.py, generic in the architecture)."""
+    from cdscope.control import frozen_parameters
+    from cdscope.eap import edge_scores
+    from cdscope.gates import GatedModel
+    from cdscope.likelihood import row_target_logprobs
+
+    model, batch = coverage.tiny_model(model_type), coverage.random_batch()
+    result = edge_scores(model, batch)
+    g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)
+    embed = model.get_input_embeddings()
+    handle = embed.register_forward_hook(lambda m, a, out: out * g_emb.view(-1, 1, 1))
+    try:
+        with GatedModel(model) as gm, frozen_parameters(model):
+            gates = torch.ones(batch.B, gm.gate_set.K, dtype=torch.float64, requires_grad=True)
+            with gm.gating(gates):
+                logp = row_target_logprobs(model, batch, torch.arange(batch.B))
+            loss = (-logp / (batch.lengths - batch.target_start).double()).sum()
+            d_emb, d_gates = torch.autograd.grad(loss, [g_emb, gates])
+    finally:
+        handle.remove()
+    expected = -torch.cat([d_emb[:, None], d_gates], dim=1).numpy()
+    summed = np.zeros_like(expected)
+    for b in range(batch.B):
+        np.add.at(summed[b], result.graph.edge_up, result.scores[b])
+    scale = np.abs(expected).max()
+    assert scale > 1e-3
+    np.testing.assert_allclose(summed, expected, rtol=0, atol=2e-6 * scale)

@@ -14,8 +14,23 @@ from cdscope.models import coverage
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
 #: a fast, varied subset re-measured on every run (dense, MoE, MLA, hybrids, post-norm,
 #: parallel residual, flattened rows, post-LN refusal, encoder-decoder refusal)
-SUBSET = ["llama", "gpt2", "mixtral", "qwen3_moe", "deepseek_v3", "olmo2", "phi3", "falcon",
-          "gptj", "jamba", "bamba", "mamba", "opt", "bert", "bart"]
+SUBSET = [
+    "llama",
+    "gpt2",
+    "mixtral",
+    "qwen3_moe",
+    "deepseek_v3",
+    "olmo2",
+    "phi3",
+    "falcon",
+    "gptj",
+    "jamba",
+    "bamba",
+    "mamba",
+    "opt",
+    "bert",
+    "bart",
+]
 
 
 def _doc_rows() -> dict[str, str]:
@@ -45,10 +60,14 @@ def test_doc_counts_meet_the_goal_and_match_the_table() -> None:
     moe = [c for c in supported if "moe" in c[2]]
     hybrid = [c for c in supported if "mixer" in c[2]]
     assert len(supported) >= 80 and len(moe) >= 12 and len(hybrid) >= 4
-    header = re.search(r"\*\*(\d+) of (\d+) types supported\*\* — (\d+) with MoE blocks, (\d+)",
-                       DOC.read_text())
+    header = re.search(
+        r"\*\*(\d+) of (\d+) types supported\*\* — (\d+) with MoE blocks, (\d+)", DOC.read_text()
+    )
     assert header and tuple(map(int, header.groups())) == (
-        len(supported), len(cells), len(moe), len(hybrid)
+        len(supported),
+        len(cells),
+        len(moe),
+        len(hybrid),
     )
     for c in supported:  # every supported type passed autograd vs finite differences
         assert re.search(r"C vs FD < 1e-[3-6]", c[5]), c

@@ -43,8 +43,9 @@ def inspect(
             if w["scale"] != 1.0:
                 notes.append(f"scale {w['scale']:.4g}")
             reads = "block input (parallel)" if w["parallel"] else "stream"
-            table.add_row(str(layer["layer"]), str(w["gate"]), w["role"], w["module"], reads,
-                          ", ".join(notes))
+            table.add_row(
+                str(layer["layer"]), str(w["gate"]), w["role"], w["module"], reads, ", ".join(notes)
+            )
     out_console.print(table)
     proof = record["proof"]
     out_console.print(

@@ -62,12 +62,16 @@ def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
 
 
 def run_inspect(
-    model: str, device: str = "cpu", dtype: str = "auto", attn: str = "auto",
+    model: str,
+    device: str = "cpu",
+    dtype: str = "auto",
+    attn: str = "auto",
     trust_remote_code: bool = False,
 ) -> dict:
     """Load ``model``, discover and prove its writes, and describe them."""
-    loaded = load_model(model, device=device, dtype=dtype, attn=attn,
-                        trust_remote_code=trust_remote_code)
+    loaded = load_model(
+        model, device=device, dtype=dtype, attn=attn, trust_remote_code=trust_remote_code
+    )
     start = time.perf_counter()
     arch = architecture_of(loaded.model)
     return describe(loaded, arch, time.perf_counter() - start)

@@ -48,6 +48,7 @@ class Write:
     parallel: bool = False  # reads the block input, not the stream after earlier writes
     pre_norm: str | None = None  # module whose input is the stream the sublayer reads
     readers: tuple[str, ...] = ()  # modules inside the sublayer reading its input
+    reads_stream: bool = False  # the sublayer's input is the stream itself (no pre-norm)
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,17 @@ def _wire(
             if producers:  # the latest one: equal outputs of earlier norms are coincidences
                 sub, post = max(producers, key=lambda r: (r.order, -r.depth)), True
         entries.append((sub.order, name, scale, sub, post))
-    writes = []
+    writes, stream = [], trace.h_in.double()  # the stream after the writes so far
+    tol = d.tolerance(trace.h_in.dtype)
     for position, (_, name, scale, sub, post) in enumerate(sorted(entries, key=lambda e: e[0])):
+        parallel = position > 0 and _reads_block_input(trace, sub)
+        read = trace.h_in.double() if parallel else stream
+        reads_stream = (
+            sub.inp is not None
+            and sub.inp.shape == read.shape
+            and bool((sub.inp.double() - read).abs().max() <= tol * read.abs().max())
+        )
+        stream = stream + scale * recs[name].out.double().reshape(stream.shape)
         pre = [
             r
             for r in recs.values()
@@ -129,8 +139,9 @@ def _wire(
                 sublayer=sub.name,
                 scale=float(scale),
                 post_norm=post,
-                parallel=position > 0 and _reads_block_input(trace, sub),
+                parallel=parallel,
                 pre_norm=pre_norm,
+                reads_stream=reads_stream,
                 readers=readers,
             )
         )
@@ -155,15 +166,24 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
     hints: dict[str, tuple[str, ...]] = {}
     for layer, (block, bt) in enumerate(zip(blocks, trace.blocks, strict=True)):
         prefix = f"{blocks_path}.{layer}."
-        key = type(block).__name__ + "|" + ",".join(
-            n[len(prefix):] for n, r in bt.records.items() if r.depth == 1 and r.calls == 1
+        key = (
+            type(block).__name__
+            + "|"
+            + ",".join(
+                n[len(prefix) :] for n, r in bt.records.items() if r.depth == 1 and r.calls == 1
+            )
         )
+        if not (torch.isfinite(bt.h_in).all() and torch.isfinite(bt.h_out).all()):
+            raise CdscopeError(
+                f"{model_type}: layer {layer}: non-finite hidden states in the probe forward "
+                "(NaN/inf weights?): the gates cannot be proven"
+            )
         hint = override or hints.get(key)
         try:
             found = d.solve_block(bt, dtype, tuple(prefix + h for h in hint) if hint else None)
         except CdscopeError as exc:
             raise CdscopeError(f"{model_type}: layer {layer}: {exc}") from None
-        hints[key] = tuple(n[len(prefix):] for n in found.names)
+        hints[key] = tuple(n[len(prefix) :] for n in found.names)
         writes += _wire(model, layer, prefix[:-1], bt, found)
     last = trace.blocks[-1].h_out
     final = [r for r in trace.outside.values() if d._same(r.inp, last)]

@@ -87,14 +87,25 @@ SMALL: dict = dict(
 #: per-type changes to SMALL where the generic sizes do not instantiate or hide a feature
 #: (a value of None removes the key: the config derives it and refuses it as an argument)
 TWEAKS: dict[str, dict] = {
-    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                  expert_layer_offset=1),
+    "jamba": dict(
+        attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1
+    ),
     "gpt_neox": dict(use_parallel_residual=True),
     "gptj": dict(rotary_dim=8),
     **{  # multi-head latent attention: as many key/value heads as query heads
         t: dict(num_key_value_heads=4)
-        for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
-                  "minicpm3", "longcat_flash", "axk1", "axk2", "kimi_linear")
+        for t in (
+            "deepseek_v2",
+            "deepseek_v3",
+            "deepseek_v32",
+            "glm4_moe_lite",
+            "glm_moe_dsa",
+            "minicpm3",
+            "longcat_flash",
+            "axk1",
+            "axk2",
+            "kimi_linear",
+        )
     },
     "codegen": dict(rotary_dim=8),
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
@@ -259,7 +270,10 @@ def run(types: list[str] | None = None, budget_s: int = TYPE_BUDGET_S) -> list[R
     previous = signal.signal(signal.SIGALRM, _alarm)
     try:
         for model_type in types or causal_lm_types():
-            quiet = contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO())
+            quiet = (
+                contextlib.redirect_stderr(io.StringIO()),
+                contextlib.redirect_stdout(io.StringIO()),
+            )
             with warnings.catch_warnings(), quiet[0], quiet[1]:
                 warnings.simplefilter("ignore")
                 signal.alarm(budget_s)

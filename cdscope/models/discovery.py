@@ -47,8 +47,24 @@ PROBE_TOKENS = 6
 MAX_DEPTH = 2
 MAX_WRITES = 4  # a block with more residual writes than this is not searched for
 #: name tokens of the roles (see ``role_of``)
-_MIXER_WORDS = ("mixer", "ssm", "conv", "rwkv", "retention", "recurrent", "rglru", "hyena",
-                "lightning", "deltanet", "delta", "gla", "kda", "xlstm", "mlstm", "slstm")
+_MIXER_WORDS = (
+    "mixer",
+    "ssm",
+    "conv",
+    "rwkv",
+    "retention",
+    "recurrent",
+    "rglru",
+    "hyena",
+    "lightning",
+    "deltanet",
+    "delta",
+    "gla",
+    "kda",
+    "xlstm",
+    "mlstm",
+    "slstm",
+)
 _ATTN_WORDS = ("attn", "attention", "attentions")
 _MOE_WORDS = ("moe", "sparse", "experts", "expert")
 _MLP_WORDS = ("mlp", "ffn", "feed", "feedforward", "mlps")
@@ -122,7 +138,9 @@ def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
     lists = [
         (name, m)
         for name, m in model.named_modules()
-        if isinstance(m, nn.ModuleList) and len(m) and all(any(True for _ in b.parameters()) for b in m)
+        if isinstance(m, nn.ModuleList)
+        and len(m)
+        and all(any(True for _ in b.parameters()) for b in m)
     ]
     matching = [x for x in lists if len(x[1]) == expected] or sorted(
         lists, key=lambda x: -len(x[1])
@@ -223,9 +241,10 @@ def trace_forward(
 
 def is_norm(module: nn.Module) -> bool:
     """A normalisation module (by class name, or a LayerNorm / RMSNorm subclass)."""
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or "norm" in type(
-        module
-    ).__name__.lower()
+    return (
+        isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm))
+        or "norm" in type(module).__name__.lower()
+    )
 
 
 def _tokens(name: str) -> list[str]:
@@ -261,7 +280,7 @@ def role_of(model: nn.Module, path: str, within: str = "") -> str:
     """``mixer`` / ``attn`` / ``moe`` / ``mlp`` from the class and attribute names on
     ``path`` below ``within`` (the block), deepest first (Bloom: ``self_attention.dense``)."""
     prefix = _family_prefix(model)
-    parts = path[len(within):].strip(".").split(".") if path.startswith(within) else [path]
+    parts = path[len(within) :].strip(".").split(".") if path.startswith(within) else [path]
     for depth in range(len(parts), 0, -1):
         module = model.get_submodule(".".join(([within] if within else []) + parts[:depth]))
         cls, name = _class_words(module, prefix), _tokens(parts[depth - 1])
@@ -290,7 +309,11 @@ def candidates(trace: BlockTrace, depth: int) -> list[Record]:
     for rec in sorted(trace.records.values(), key=lambda r: r.order):
         if rec.depth > depth or rec.calls != 1 or rec.out is None:
             continue
-        if rec.out.shape != shape and rec.out.shape[-1] == shape[-1] and rec.out.numel() == trace.h_in.numel():
+        if (
+            rec.out.shape != shape
+            and rec.out.shape[-1] == shape[-1]
+            and rec.out.numel() == trace.h_in.numel()
+        ):
             rec.out = rec.out.reshape(shape)  # rows flattened to [B*T, H] (OPT's MLP)
         if rec.out.shape != trace.h_in.shape or _same(rec.out, rec.inp):
             continue

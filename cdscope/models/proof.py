@@ -52,7 +52,10 @@ def _gated_forward(gm, ids: torch.Tensor, value: float, writes: list) -> tuple: 
 
     def block_hook(i: int):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
-            ios[i] = (d.input_tensor(args, kwargs).detach().clone(), d.first_tensor(output).detach().clone())
+            ios[i] = (
+                d.input_tensor(args, kwargs).detach().clone(),
+                d.first_tensor(output).detach().clone(),
+            )
 
         return hook
 
@@ -98,8 +101,11 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
             ks = [k for k, w in enumerate(arch.writes) if w.layer == layer]
             terms = [arch.writes[k].scale * outs[k].double().reshape(h_in.shape) for k in ks]
             update = h_out.double() - h_in.double() - sum(terms)
-            scale = max([h_in.double().abs().max().item(), h_out.double().abs().max().item()]
-                        + [t.abs().max().item() for t in terms] + [1e-30])
+            scale = max(
+                [h_in.double().abs().max().item(), h_out.double().abs().max().item()]
+                + [t.abs().max().item() for t in terms]
+                + [1e-30]
+            )
             err = update.abs().max().item() / scale
             worst = max(worst, err)
             if not err <= tol:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import byte_tokenizer, tiny_model, write_pool
+from conftest import byte_tokenizer, gate_gradient, tiny_model, write_pool
 from typer.testing import CliRunner
 
 from cdscope.cli import app
@@ -295,26 +295,11 @@ def test_eap_outgoing_sums_equal_minus_gate_gradient(model_type: str) -> None:
     """Post-norm-only (OLMo-2), parallel with a shared norm (GPT-J), MoE, fused GQA q/k/v
     (Phi-3): sum over u's outgoing edges of s(u -> v) = -dLoss/dg_u, with g_emb a scalar on
     the token embeddings (the twin of tests/test_eap.py, generic in the architecture)."""
-    from cdscope.control import frozen_parameters
     from cdscope.eap import edge_scores
-    from cdscope.gates import GatedModel
-    from cdscope.likelihood import row_target_logprobs
 
     model, batch = coverage.tiny_model(model_type), coverage.random_batch()
     result = edge_scores(model, batch)
-    g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)
-    embed = model.get_input_embeddings()
-    handle = embed.register_forward_hook(lambda m, a, out: out * g_emb.view(-1, 1, 1))
-    try:
-        with GatedModel(model) as gm, frozen_parameters(model):
-            gates = torch.ones(batch.B, gm.gate_set.K, dtype=torch.float64, requires_grad=True)
-            with gm.gating(gates):
-                logp = row_target_logprobs(model, batch, torch.arange(batch.B))
-            loss = (-logp / (batch.lengths - batch.target_start).double()).sum()
-            d_emb, d_gates = torch.autograd.grad(loss, [g_emb, gates])
-    finally:
-        handle.remove()
-    expected = -torch.cat([d_emb[:, None], d_gates], dim=1).numpy()
+    expected = gate_gradient(model, batch, model.get_input_embeddings())
     summed = np.zeros_like(expected)
     for b in range(batch.B):
         np.add.at(summed[b], result.graph.edge_up, result.scores[b])

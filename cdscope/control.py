@@ -59,14 +59,18 @@ class ControlResult:
     row_logp: np.ndarray | None = None  # [B] log pi(y* | x; g = 1) per sample
     row_dlogp: np.ndarray | None = None  # [B, K] d log pi / d g_k per sample (unweighted)
     row_F: np.ndarray | None = None  # [B, K] F of each sample
+    #: the gates the estimator measured (finite differences on a subset); others are NaN
+    measured: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         """No measurement with a NaN or inf in it exists: refuse it here, naming the first
-        bad quantity (``finite.require_finite``), for every estimator and every caller."""
+        bad quantity (``finite.require_finite``), for every estimator and every caller.
+        Gates left unmeasured on purpose (``measured``) hold NaN and are not checked."""
+        cols = slice(None) if self.measured is None else list(self.measured)
         require_finite(
             (f"{name} of family {family!r}", values[m])
             for m, family in enumerate(self.families)
-            for name, values in (("l_m", self.ell), ("dl_m/dg", self.dl_dg), ("F", self.F))
+            for name, values in (("l_m", self.ell), ("dl_m/dg", self.dl_dg[:, cols]), ("F", self.F))
         )
 
     @property
@@ -261,4 +265,5 @@ def control_finite_difference(
         row_logp.numpy(),
         row_dlogp.numpy(),
         row_F.numpy(),
+        None if gates is None else tuple(int(k) for k in columns),
     )

@@ -1,8 +1,10 @@
 """Edge attribution (zero-ablation EAP) on a layer-level graph (SPEC §6).
 
-Graph. A model with L layers has the nodes ``emb`` (the residual stream's initial state
-h_0), ``attn{l}`` and ``mlp{l}`` (their residual writes: the very modules the gates of
-``cdscope.gates`` multiply) and ``logits``. In topological order emb = 0,
+Graph (``cdscope.eap_graph``, built from the same architecture description as the gates).
+An ordinary decoder with L layers has the nodes ``emb`` (the residual stream's initial
+state h_0, the first block's input), ``attn{l}`` and ``mlp{l}`` (their residual writes:
+the very modules the gates of ``cdscope.gates`` multiply) and ``logits``; MoE blocks
+give ``moe{l}`` nodes, parallel-residual blocks read their block input. In topological order emb = 0,
 attn{l} = 2l + 1, mlp{l} = 2l + 2, logits = 2L + 1, and every node reads the residual
 stream, the sum of all writes before it:
 
@@ -28,7 +30,7 @@ path gradients, which gives the consistency identity checked in the tests:
     sum_{(v, p) after u} s(u -> v, p) = -a_u . dLoss/da_u = -dLoss/dg_u   (at g = 1)
 
 Mechanism: on the Hugging Face model itself, one forward and one backward per batch.
-Forward hooks record a_u (the embedding output and the adapter's write modules).
+Hooks record a_u (the first block's input and the described write modules).
 Forward pre-hooks give every consumer path its own alias x_{v,p} of the residual
 stream (a view: no copy, but a separate autograd node):
 
@@ -37,8 +39,10 @@ stream (a view: no copy, but a separate autograd node):
   norm is re-run once per path and its original output goes unused. GPT-2 fuses q, k, v
   into one ``Conv1D`` (c_attn); its output is rebuilt from the three column blocks of its
   weight, each applied to its own normed alias (the same ``addmm`` Conv1D runs).
-- MLP and logits: a pre-hook on the pre-MLP norm / final norm replaces its input by an
-  alias.
+  Other fused [q | k | v] projections (Phi-3's qkv_proj) are split the same way.
+- MLP / MoE and logits: a pre-hook on the pre-MLP norm / final norm replaces its input
+  by an alias; where the pre-norm is shared with the attention (GPT-J's ln_1), a pre-hook
+  on the MLP replaces its input by ``norm.forward(alias_p(x))`` instead.
 
 ``torch.autograd.grad(sum_b Loss_b, aliases)`` then yields every path gradient at once
 (rows are independent, so each row's gradient is that sample's), and per row
@@ -49,7 +53,6 @@ attention mask, see ``cdscope.batch``) have exactly zero gradient; A is zeroed t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -61,129 +64,28 @@ from torch.utils.hooks import RemovableHandle
 
 from cdscope.batch import ProbeBatch
 from cdscope.control import _chunks, frozen_parameters
+from cdscope.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
 from cdscope.gates import _first_tensor
 from cdscope.likelihood import row_target_logprobs
-from cdscope.models.adapters import adapter_for
+from cdscope.models.adapters import architecture_of
+from cdscope.models.discovery import input_tensor
 
-PATHS = ("q", "k", "v")
+__all__ = ["PATHS", "EdgeGraph", "edge_count", "eap_plan", "eap_support"]
+
 STATISTICS = ("intensity", "info_complexity", "kurtosis")
 
 
-def edge_count(num_layers: int) -> int:
-    """E = 4L^2 + 3L + 1 (SPEC §6)."""
-    return 4 * num_layers**2 + 3 * num_layers + 1
-
-
-@dataclass(frozen=True)
-class EdgeGraph:
-    """The layer-level graph of an L-layer model.
-
-    ``upstream`` are the 2L + 1 writing nodes (emb, attn0, mlp0, ...), ``consumers`` the
-    4L + 1 reading paths ``(node, path)`` in order attn{l}.q, .k, .v, mlp{l}.in, ...,
-    logits.in; edge ``e`` goes from ``upstream[edge_up[e]]`` into ``consumers[edge_cons[e]]``.
-    """
-
-    num_layers: int
-    upstream: tuple[str, ...]
-    consumers: tuple[tuple[str, str], ...]
-    edge_up: np.ndarray
-    edge_cons: np.ndarray
-
-    @classmethod
-    def from_layers(cls, num_layers: int) -> EdgeGraph:
-        if num_layers < 1:
-            raise ValueError(f"a graph needs at least one layer; got {num_layers}")
-        upstream = ("emb", *(f"{s}{i}" for i in range(num_layers) for s in ("attn", "mlp")))
-        consumers, reads_at = [], []  # reads_at: topological position of the reading node
-        for i in range(num_layers):
-            consumers += [(f"attn{i}", p) for p in PATHS] + [(f"mlp{i}", "in")]
-            reads_at += [2 * i + 1] * 3 + [2 * i + 2]
-        consumers.append(("logits", "in"))
-        reads_at.append(2 * num_layers + 1)
-        up, cons = np.nonzero(np.arange(len(upstream))[:, None] < np.array(reads_at)[None, :])
-        return cls(num_layers, upstream, tuple(consumers), up, cons)
-
-    @property
-    def E(self) -> int:  # noqa: N802 - the SPEC's symbol
-        return len(self.edge_up)
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        return (*self.upstream, "logits")
-
-    @property
-    def consumer_names(self) -> list[str]:
-        return [f"{node}.{path}" for node, path in self.consumers]
-
-    def edges(self) -> list[tuple[str, str, str]]:
-        """``(upstream, downstream, path)`` of every edge, in score order."""
-        return [
-            (self.upstream[u], *self.consumers[c])
-            for u, c in zip(self.edge_up.tolist(), self.edge_cons.tolist(), strict=True)
-        ]
-
-    def matrix(self, values: np.ndarray) -> np.ndarray:
-        """Edge values ``[E]`` -> ``[upstream, consumer]`` matrix, NaN where no edge."""
-        out = np.full((len(self.upstream), len(self.consumers)), np.nan)
-        out[self.edge_up, self.edge_cons] = values
-        return out
-
-
-@dataclass(frozen=True)
-class EapLayout:
-    """Where the consumers of one architecture family read the residual stream."""
-
-    embedding: Callable[[nn.Module], nn.Module]  # output = h_0
-    attn_norm: Callable[[nn.Module], nn.Module]
-    qkv: Callable[[nn.Module], tuple[nn.Module, ...]]  # q, k, v projections, or (fused,)
-    mlp_norm: Callable[[nn.Module], nn.Module]
-    final_norm: Callable[[nn.Module], nn.Module]
-
-
-_LLAMA = EapLayout(
-    embedding=lambda m: m.model.embed_tokens,
-    attn_norm=lambda b: b.input_layernorm,
-    qkv=lambda b: (b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj),
-    mlp_norm=lambda b: b.post_attention_layernorm,
-    final_norm=lambda m: m.model.norm,
-)
-_GPT2 = EapLayout(
-    embedding=lambda m: m.transformer.drop,  # token + position embeddings (dropout: eval)
-    attn_norm=lambda b: b.ln_1,
-    qkv=lambda b: (b.attn.c_attn,),
-    mlp_norm=lambda b: b.ln_2,
-    final_norm=lambda m: m.transformer.ln_f,
-)
-#: ``config.model_type`` -> layout. Sequential pre-norm blocks only: GPT-NeoX's parallel
-#: residual (the MLP reads h_l, not h_l + attn_l) and Gemma's scaled embeddings and
-#: post-sublayer norms need their own dataflow and are refused for now.
-LAYOUTS: dict[str, EapLayout] = {
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,
-    "gpt2": _GPT2,
-}
-
-
-def layout_for(model: nn.Module) -> EapLayout:
-    """The EAP layout of ``model``, or a CdscopeError naming the supported architectures."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in LAYOUTS:
-        raise CdscopeError(
-            f"eap-info does not support architecture {model_type!r} yet; supported: "
-            f"{', '.join(sorted(LAYOUTS))} (sequential pre-norm blocks)"
-        )
-    if model_type == "gpt2" and getattr(model.config, "add_cross_attention", False):
-        raise CdscopeError("eap-info: GPT-2 with cross-attention is not supported")
-    return LAYOUTS[model_type]
-
-
-def _require_grad(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+def _leaf(x: torch.Tensor) -> torch.Tensor:
     """With frozen parameters nothing upstream of h_0 needs a gradient: start the graph here."""
-    return None if output.requires_grad else output.detach().requires_grad_()
+    return x if x.requires_grad else x.detach().requires_grad_()
+
+
+def _replace_input(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
+    if args and isinstance(args[0], torch.Tensor):
+        return (x, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": x}
 
 
 class EdgeHooks:
@@ -196,14 +98,13 @@ class EdgeHooks:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.layout = layout_for(model)
-        adapter = adapter_for(model)
-        self.blocks = list(adapter.layers(model))
-        self.graph = EdgeGraph.from_layers(len(self.blocks))
-        self._writes = [module for _, _, module in adapter.write_modules(model)]
+        self.arch = architecture_of(model)
+        self.plan = eap_plan(model, self.arch)
+        self.blocks = list(self.arch.layers(model))
+        self.graph = EdgeGraph.from_architecture(self.arch)
         self.activations: list[torch.Tensor | None] = [None] * len(self.graph.upstream)
         self.path_inputs: list[torch.Tensor | None] = [None] * len(self.graph.consumers)
-        self._stash: dict[int, torch.Tensor] = {}
+        self._stash: dict[str, torch.Tensor] = {}
         self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> EdgeHooks:
@@ -230,24 +131,32 @@ class EdgeHooks:
         self.path_inputs = [None] * len(self.path_inputs)
 
     def _install(self) -> None:
-        add, lay = self._handles.append, self.layout
-        embedding = lay.embedding(self.model)
-        add(embedding.register_forward_hook(self._record(0)))
-        add(embedding.register_forward_hook(_require_grad))
-        for index, module in enumerate(self._writes, start=1):
-            add(module.register_forward_hook(self._record(index)))
-        for layer, block in enumerate(self.blocks):
-            norm = lay.attn_norm(block)
-            add(norm.register_forward_pre_hook(self._stash_input(layer)))
-            projections = lay.qkv(block)
-            if len(projections) == 1:
-                add(projections[0].register_forward_hook(self._fused_qkv(layer, norm)))
+        add, get = self._handles.append, self.model.get_submodule
+        add(self.blocks[0].register_forward_pre_hook(self._embedding, with_kwargs=True))
+        consumer = 0
+        for k, reads in enumerate(self.plan):
+            w = reads.write
+            add(get(w.path).register_forward_hook(self._record(k + 1)))
+            stream = reads.pre_norm or w.sublayer  # the module whose input is the stream
+            norm = get(reads.pre_norm) if reads.pre_norm else None
+            if w.role == "attn" or reads.shared_norm or norm is None:
+                hook = self._stash_input(stream)
+                add(get(stream).register_forward_pre_hook(hook, with_kwargs=True))
+            if w.role == "attn" and reads.split is not None:
+                hook = self._fused_qkv(consumer, stream, norm, reads.split)
+                add(get(reads.projections[0]).register_forward_hook(hook))
+            elif w.role == "attn":
+                for p, proj in enumerate(reads.projections):
+                    hook = self._path_rerun(consumer + p, stream, norm)
+                    add(get(proj).register_forward_pre_hook(hook, with_kwargs=True))
+            elif reads.shared_norm or norm is None:
+                hook = self._path_rerun(consumer, stream, norm)
+                add(get(w.sublayer).register_forward_pre_hook(hook, with_kwargs=True))
             else:
-                for p, proj in enumerate(projections):
-                    add(proj.register_forward_pre_hook(self._path_qkv(layer, p, norm)))
-            add(lay.mlp_norm(block).register_forward_pre_hook(self._path_alias(4 * layer + 3)))
-        final = 4 * len(self.blocks)
-        add(lay.final_norm(self.model).register_forward_pre_hook(self._path_alias(final)))
+                add(norm.register_forward_pre_hook(self._path_alias(consumer), with_kwargs=True))
+            consumer += 3 if w.role == "attn" else 1
+        final = get(self.arch.final_norm)
+        add(final.register_forward_pre_hook(self._path_alias(consumer), with_kwargs=True))
 
     # -- hooks -----------------------------------------------------------------------
     def _alias(self, consumer: int, x: torch.Tensor) -> torch.Tensor:
@@ -255,50 +164,66 @@ class EdgeHooks:
         self.path_inputs[consumer] = alias
         return alias
 
+    def _embedding(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+        x = _leaf(input_tensor(args, kwargs))
+        self.activations[0] = x.detach()
+        return _replace_input(args, kwargs, x)
+
     def _record(self, index: int):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: tuple, output: object) -> None:
             self.activations[index] = _first_tensor(output).detach()
 
         return hook
 
-    def _stash_input(self, layer: int):  # noqa: ANN202
-        def hook(module: nn.Module, args: tuple) -> None:
-            self._stash[layer] = args[0]
+    def _stash_input(self, key: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            self._stash[key] = input_tensor(args, kwargs)
 
         return hook
 
-    def _path_qkv(self, layer: int, path: int, norm: nn.Module):  # noqa: ANN202
-        def hook(module: nn.Module, args: tuple) -> tuple:
-            alias = self._alias(4 * layer + path, self._stash[layer])
-            return (norm.forward(alias), *args[1:])
+    def _path_rerun(self, consumer: int, stream: str, norm: nn.Module | None):  # noqa: ANN202
+        """Replace a reader's input by ``norm(alias(x))`` (or ``alias(x)`` without a norm)."""
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+            alias = self._alias(consumer, self._stash[stream])
+            return _replace_input(args, kwargs, norm.forward(alias) if norm else alias)
 
         return hook
 
-    def _fused_qkv(self, layer: int, norm: nn.Module):  # noqa: ANN202
+    def _fused_qkv(self, consumer: int, stream: str, norm: nn.Module | None, split: tuple):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            weight, bias = module.weight, module.bias  # Conv1D: out = x @ weight + bias
+            linear = isinstance(module, nn.Linear)  # else GPT-2 Conv1D: out = x @ W + b
+            weight, bias = module.weight, module.bias
             if weight.device.type == "meta":
                 raise CdscopeError(
-                    "eap-info re-runs GPT-2's fused q/k/v projection, which cannot be offloaded "
+                    "eap-info re-runs the fused q/k/v projection, which cannot be offloaded "
                     "to disk: raise --max-memory so the attention layers stay in memory"
                 )
-            if weight.shape[1] != output.shape[-1] or output.shape[-1] % 3:
+            if output.shape[-1] != sum(split):
                 raise CdscopeError(f"unexpected fused q/k/v projection {module!r}")
-            width, parts = output.shape[-1] // 3, []
-            for p in range(3):
-                normed = norm.forward(self._alias(4 * layer + p, self._stash[layer]))
-                cols = slice(p * width, (p + 1) * width)
-                flat = torch.addmm(
-                    bias[cols], normed.reshape(-1, normed.shape[-1]), weight[:, cols]
-                )
-                parts.append(flat.view(*normed.shape[:-1], width))
+            parts, start = [], 0
+            for p, width in enumerate(split):
+                alias = self._alias(consumer + p, self._stash[stream])
+                normed = norm.forward(alias) if norm else alias
+                cols = slice(start, start + width)
+                start += width
+                if linear:
+                    part = nn.functional.linear(
+                        normed, weight[cols], None if bias is None else bias[cols]
+                    )
+                else:
+                    flat = torch.addmm(
+                        bias[cols], normed.reshape(-1, normed.shape[-1]), weight[:, cols]
+                    )
+                    part = flat.view(*normed.shape[:-1], width)
+                parts.append(part)
             return torch.cat(parts, dim=-1)
 
         return hook
 
     def _path_alias(self, consumer: int):  # noqa: ANN202
-        def hook(module: nn.Module, args: tuple) -> tuple:
-            return (self._alias(consumer, args[0]), *args[1:])
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+            return _replace_input(args, kwargs, self._alias(consumer, input_tensor(args, kwargs)))
 
         return hook
 

@@ -5,9 +5,13 @@
 The gate vector of one forward pass is a tensor ``g`` of shape ``[B, K]``: row ``b``
 carries the gates used for batch row ``b``, so one batched forward can carry different
 gate settings per row (families, +/- perturbations). Gate ``k`` of a sublayer gate set
-is ``2*l`` for the attention write of layer ``l`` and ``2*l + 1`` for its MLP write.
+is the position of the write in the model's architecture description (blocks in order,
+writes of a block in call order): ``2*l`` for the attention write of layer ``l`` and
+``2*l + 1`` for its MLP write in an ordinary decoder (K = 2L); hybrid blocks may have
+other counts and roles (``cdscope.models.adapters``).
 
-Mechanism: a forward hook on each write module (found by the architecture adapter)
+Mechanism: a forward hook on each write module (discovered and proven at load by
+``cdscope.models.adapters.architecture_of``)
 multiplies the module's output by ``g[:, k]``. With ``g = 1`` the multiplication is an
 exact floating-point identity, so the gated model reproduces the ungated one bit for bit;
 ``g_k = 0`` removes exactly that write. Both facts are tested in ``tests/test_gates.py``.
@@ -33,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from cdscope.models.adapters import Adapter, adapter_for
+from cdscope.models.adapters import Architecture, architecture_of
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class GateUnit:
 
     index: int
     layer: int
-    sublayer: str  # "attn" | "mlp"
+    sublayer: str  # the write's role: "attn" | "mlp" | "moe" | "mixer"
     unit: int | None = None  # head / neuron index for finer granularities; None = whole write
 
     @property
@@ -105,10 +109,10 @@ class GatedModel:
                 out = model(input_ids)
     """
 
-    def __init__(self, model: nn.Module, adapter: Adapter | None = None) -> None:
+    def __init__(self, model: nn.Module, architecture: Architecture | None = None) -> None:
         self.model = model
-        self.adapter = adapter or adapter_for(model)
-        self._sites = self.adapter.write_modules(model)
+        self.architecture = architecture or architecture_of(model)  # discovered + proven
+        self._sites = self.architecture.write_modules(model)
         self.gate_set = GateSet(
             tuple(GateUnit(k, layer, sub) for k, (layer, sub, _) in enumerate(self._sites))
         )
@@ -155,18 +159,19 @@ class GatedModel:
     def _make_hook(self, k: int):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: tuple, output: object) -> object | None:
             write = _first_tensor(output)
+            rows = None if self._gates is None else self._gates.shape[0]
             if self._capture is not None:
                 wide = write.detach().to(torch.promote_types(write.dtype, torch.float32))
-                self._capture.norms[k] = wide.norm(dim=-1)
+                norms = wide.norm(dim=-1)
+                self._capture.norms[k] = norms if rows is None else norms.reshape(rows, -1)
             if self._gates is None:
                 return None
-            if self._gates.shape[0] != write.shape[0]:
-                raise ValueError(
-                    f"gate rows ({self._gates.shape[0]}) != batch rows ({write.shape[0]})"
-                )
             # under a device map each write may live on another device: its gates follow it
             g = self._gates[:, k].to(write.device, write.dtype)
-            g = g.view(-1, *([1] * (write.dim() - 1)))
-            return _replace_first(output, write * g)
+            if write.shape[0] != rows:  # rows flattened to [B*T, H] (OPT's MLP)
+                if write.dim() != 2 or write.shape[0] % rows:
+                    raise ValueError(f"gate rows ({rows}) != batch rows ({write.shape[0]})")
+                g = g.repeat_interleave(write.shape[0] // rows)
+            return _replace_first(output, write * g.view(-1, *([1] * (write.dim() - 1))))
 
         return hook

@@ -26,6 +26,18 @@ def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def _backbone(model: nn.Module) -> nn.Module:
+    """The decoder stack under the LM head: ``base_model``, or where that is the causal-LM
+    wrapper itself (Llama-4, Mllama) the module holding the described decoder blocks."""
+    base = model.base_model
+    if base is model:
+        from cdscope.models.adapters import architecture_of
+
+        path = architecture_of(model).blocks_path.rpartition(".")[0]
+        base = model.get_submodule(path) if path else model
+    return base
+
+
 def row_target_logprobs(model: nn.Module, batch: ProbeBatch, rows: torch.Tensor) -> torch.Tensor:
     """``[len(rows)]`` tensor: log pi(y* | x) of each row, summed over its target tokens.
 
@@ -35,7 +47,7 @@ def row_target_logprobs(model: nn.Module, batch: ProbeBatch, rows: torch.Tensor)
     width = int(batch.lengths[rows].max())
     check_fits(model, width, "a probe row (prompt + target)", "use shorter probe items")
     input_ids = batch.input_ids[rows.to(batch.input_ids.device), :width]
-    hidden = model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+    hidden = _backbone(model)(input_ids=input_ids, use_cache=False).last_hidden_state
     local, pos, labels = batch.predicting_positions(rows)
     # under a device map the last layer and the output head may sit on other devices
     logits = output_logits(model, hidden[local.to(hidden.device), pos.to(hidden.device)])

@@ -168,3 +168,24 @@ def embedded():
 
     load_model()  # builds the cache on a fresh machine
     return load_model()
+
+
+def gate_gradient(model: torch.nn.Module, batch, embedding: torch.nn.Module):  # noqa: ANN001, ANN201
+    """-dLoss_b/dg for [emb, gate 0, ..., gate K-1] per row: GatedModel plus a scalar on the
+    output of ``embedding`` (h_0), Loss = mean NLL of the answer tokens (EAP's twin (a))."""
+    from cdscope.control import frozen_parameters
+    from cdscope.gates import GatedModel
+    from cdscope.likelihood import row_target_logprobs
+
+    g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)
+    handle = embedding.register_forward_hook(lambda m, a, out: out * g_emb.view(-1, 1, 1))
+    try:
+        with GatedModel(model) as gm, frozen_parameters(model):
+            gates = torch.ones(batch.B, gm.gate_set.K, dtype=torch.float64, requires_grad=True)
+            with gm.gating(gates):
+                logp = row_target_logprobs(model, batch, torch.arange(batch.B))
+            loss = (-logp / (batch.lengths - batch.target_start).double()).sum()
+            d_emb, d_gates = torch.autograd.grad(loss, [g_emb, gates])
+    finally:
+        handle.remove()
+    return -torch.cat([d_emb[:, None], d_gates], dim=1).numpy()

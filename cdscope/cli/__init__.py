@@ -11,6 +11,7 @@ from cdscope.cli import (  # noqa: F401 - registers the commands
     audits,
     eap,
     evaluate,
+    inspect,
     measure,
     nsweep,
     train,

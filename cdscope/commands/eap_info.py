@@ -35,7 +35,7 @@ from rich.progress import Progress
 
 from cdscope.batch import encode_probe, prompt_ids
 from cdscope.distributed import single_process_only
-from cdscope.eap import STATISTICS, EdgeScores, edge_scores, edge_statistics, layout_for
+from cdscope.eap import STATISTICS, EdgeScores, eap_plan, edge_scores, edge_statistics
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.generation import finite_logits
@@ -168,7 +168,7 @@ def answer(
 def _check_compatible(models: Sequence[LoadedModel]) -> None:
     """Both models must give the same graph: same architecture and layer count."""
     for loaded in models:
-        layout_for(loaded.model)
+        eap_plan(loaded.model)
     if len(models) == 2:
         (a, b), (ma, mb) = models, (m.model.config.model_type for m in models)
         if ma != mb or a.num_layers != b.num_layers:

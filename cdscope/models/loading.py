@@ -60,9 +60,9 @@ class LoadedModel:
 
     @property
     def num_layers(self) -> int:
-        from cdscope.models.adapters import adapter_for
+        from cdscope.models.adapters import architecture_of
 
-        return len(adapter_for(self.model).layers(self.model))
+        return architecture_of(self.model).num_layers
 
 
 def cache_root() -> Path:
@@ -264,8 +264,10 @@ def load_model(
     With a ``placement`` (``--device-map`` / ``--max-memory`` / ``--offload-dir``) the model
     is spread over devices, CPU and disk by accelerate instead (``models/placement.py``);
     ``LoadedModel.device`` is then where inputs go. ``revision`` (hub ids only) pins a
-    branch, tag or commit. Raises ``CdscopeError`` with one line when the model cannot be
-    found or loaded.
+    branch, tag or commit. ``trust_remote_code`` lets a local directory or hub id run its
+    own modeling code (its residual writes are discovered and proven like any other
+    model's). Raises ``CdscopeError`` with one line when the model cannot be found or
+    loaded.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -355,27 +357,8 @@ def _offline_hint() -> str:
 
 
 def model_gate_count(spec: str) -> int:
-    """K = 2 x layers of ``spec`` from its config alone (no weights loaded where avoidable)."""
-    from transformers import AutoConfig
+    """K of ``spec``: the number of residual writes its proven architecture description has
+    (the model is loaded: K is discovered from its forward, not read from a table)."""
+    from cdscope.models.adapters import architecture_of
 
-    from cdscope.models.adapters import ADAPTERS
-
-    path = Path(spec).expanduser()
-    try:
-        if spec == EMBEDDED_NAME:
-            config = AutoConfig.from_pretrained(embedded_model_dir()[0])
-        elif path.suffix == ".gguf":
-            return 2 * load_model(spec).num_layers
-        elif path.is_dir() or "/" in spec and not path.exists() and spec.count("/") == 1:
-            config = AutoConfig.from_pretrained(spec)
-        else:
-            raise CdscopeError(f"model path not found: {spec}")
-    except (OSError, ValueError) as exc:
-        raise CdscopeError(
-            f"cannot read the config of {spec!r}: {str(exc).splitlines()[0]}"
-        ) from exc
-    if config.model_type not in ADAPTERS:
-        raise CdscopeError(
-            f"unsupported architecture {config.model_type!r}: cdscope knows {', '.join(sorted(ADAPTERS))}"
-        )
-    return 2 * int(config.num_hidden_layers)
+    return architecture_of(load_model(spec, device="cpu").model).K

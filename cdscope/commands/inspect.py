@@ -1,0 +1,77 @@
+"""inspect: the discovered and proven layout of a model (issue 12; SPEC §1).
+
+What a user runs first on a new checkpoint: per layer the residual writes (gate module
+paths, roles, post-norms, parallel reads, residual multipliers), K, the proof at load
+(``cdscope.models.proof``), whether exact second-order gradients need ``--attn eager``,
+and whether eap-info supports the model (``cdscope.eap_graph.eap_support``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from cdscope.eap_graph import eap_support
+from cdscope.models.adapters import Architecture, architecture_of
+from cdscope.models.loading import LoadedModel, load_model
+
+
+def second_order_note(loaded: LoadedModel, arch: Architecture) -> str:
+    """Whether the exact double backward (gradcheck, exact regulariser) needs eager attention."""
+    if not any(w.role == "attn" for w in arch.writes):
+        return "no attention: exact second-order gradients work as loaded"
+    impl = getattr(loaded.model.config, "_attn_implementation", None) or "unknown"
+    if impl == "eager":
+        return "eager attention: exact second-order gradients work as loaded"
+    return f"loaded with {impl} attention: exact second-order gradients need --attn eager"
+
+
+def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
+    """The JSON-ready record of ``arch`` (one entry per layer)."""
+    layers = []
+    for layer in range(arch.num_layers):
+        writes = [
+            {
+                "gate": k,
+                "role": w.role,
+                "module": w.path,
+                "sublayer": w.sublayer,
+                "post_norm": w.post_norm,
+                "parallel": w.parallel,
+                "scale": w.scale,
+                "pre_norm": w.pre_norm,
+                "readers": list(w.readers),
+            }
+            for k, w in enumerate(arch.writes)
+            if w.layer == layer
+        ]
+        layers.append({"layer": layer, "writes": writes})
+    return {
+        "model": loaded.name,
+        "source": loaded.source,
+        "model_type": arch.model_type,
+        "blocks": arch.blocks_path,
+        "num_layers": arch.num_layers,
+        "K": arch.K,
+        "source_of_layout": arch.source,
+        "final_norm": arch.final_norm,
+        "proof": {**arch.proof.as_dict(), "discovery_and_proof_s": round(seconds, 3)},
+        "second_order": second_order_note(loaded, arch),
+        "eap_info": eap_support(loaded.model, arch),
+        "layers": layers,
+    }
+
+
+def run_inspect(
+    model: str,
+    device: str = "cpu",
+    dtype: str = "auto",
+    attn: str = "auto",
+    trust_remote_code: bool = False,
+) -> dict:
+    """Load ``model``, discover and prove its writes, and describe them."""
+    loaded = load_model(
+        model, device=device, dtype=dtype, attn=attn, trust_remote_code=trust_remote_code
+    )
+    start = time.perf_counter()
+    arch = architecture_of(loaded.model)
+    return describe(loaded, arch, time.perf_counter() - start)

@@ -184,7 +184,7 @@ def read_parquet(path: str | Path) -> tuple[pd.DataFrame, dict]:
     try:
         table = pq.read_table(source)
         frame = table.to_pandas()
-    except (OSError, pa.ArrowException) as exc:
+    except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: bad pandas metadata
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CdscopeError(f"{source} is not a readable Parquet file: {first}") from exc
     raw = (table.schema.metadata or {}).get(METADATA_KEY)

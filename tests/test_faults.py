@@ -414,3 +414,20 @@ def test_eval_resume_refuses_changed_weights(tiny_model_dir, tmp_path) -> None:
     redone = invoke(*args, "--resume=recompute", "-o", tmp_path / "ev")
     assert redone.exit_code == 0, redone.output
     assert len(pd.read_parquet(tmp_path / "ev" / "samples.parquet")) == 2
+
+
+def test_corrupt_pandas_metadata_is_one_line(tmp_path) -> None:
+    """A corrupted byte in the Parquet's pandas schema metadata (found by the fuzzer):
+    pyarrow's to_pandas raises a JSONDecodeError, which must become one line."""
+    import pyarrow.parquet as pq
+
+    from cdscope.io import read_parquet, write_parquet
+
+    path = tmp_path / "x.parquet"
+    write_parquet(pd.DataFrame({"a": [1, 2]}), path, {"k": "v"})
+    table = pq.read_table(path)
+    meta = dict(table.schema.metadata)
+    meta[b"pandas"] = meta[b"pandas"][:20] + b"\x01" + meta[b"pandas"][21:]
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    with pytest.raises(CdscopeError, match="is not a readable Parquet file"):
+        read_parquet(path)

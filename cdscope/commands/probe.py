@@ -57,9 +57,12 @@ def dropped_warning(console: Console, spec: str, seed: int, dropped: Sequence[st
     )
 
 
-def drawn_metadata(pool: ProbePool, n: int, seeds: Iterable[int]) -> dict[str, dict]:
-    """``{seed: {family: [item ids]}}`` for the finished ``seeds`` (metadata key ``drawn``)."""
-    return {str(s): drawn_ids(draw_probe(pool, int(s), n)) for s in sorted(set(seeds))}
+def record_drawn(metadata: dict, pool: ProbePool, n: int, seeds: Iterable[int]) -> None:
+    """Add ``{seed: {family: [item ids]}}`` under ``metadata["drawn"]`` for the finished
+    ``seeds`` not recorded yet (each seed's draw is made once per run)."""
+    drawn = metadata.setdefault("drawn", {})
+    for seed in sorted({int(s) for s in seeds} - {int(k) for k in drawn}):
+        drawn[str(seed)] = drawn_ids(draw_probe(pool, seed, n))
 
 
 def _sample_lists(result: ControlResult) -> dict[str, list]:
@@ -199,7 +202,7 @@ def collect_control(
                         dropped_warning(console, spec, seed, result.dropped)
                     frames.append(result_frame(spec, seed, result))
                     frame = pd.concat(frames, ignore_index=True)
-                    metadata["drawn"] = drawn_metadata(pool, settings.n, frame["seed"])
+                    record_drawn(metadata, pool, settings.n, frame["seed"])
                     if out is not None:
                         write_parquet(frame, out, metadata)
                     if on_result is not None:

@@ -109,7 +109,7 @@ def frozen_parameters(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def _chunks(
+def row_chunks(
     B: int, batch_size: int | None, lengths: torch.Tensor | None = None
 ) -> list[torch.Tensor]:  # noqa: N803
     """Row-index micro-batches of at most ``batch_size``; rows of similar length go
@@ -154,7 +154,7 @@ def control_autograd(
     row_F = torch.zeros(batch.B, K, dtype=torch.float64)
     gate_dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
     with frozen_parameters(model):
-        for rows in _chunks(batch.B, batch_size, batch.lengths):
+        for rows in row_chunks(batch.B, batch_size, batch.lengths):
             gates = torch.ones(len(rows), K, device=device, dtype=gate_dtype, requires_grad=True)
             with gm.gating(gates, capture_norms=True) as capture:
                 logp = row_target_logprobs(model, batch, rows)
@@ -189,7 +189,9 @@ def _gated_row_logprobs(
     B = batch.B  # noqa: N806
     device = execution_device(gm.model)
     out = torch.zeros(gates.shape[0], dtype=torch.float64)
-    for virtual in _chunks(gates.shape[0], batch_size, batch.lengths.repeat(gates.shape[0] // B)):
+    for virtual in row_chunks(
+        gates.shape[0], batch_size, batch.lengths.repeat(gates.shape[0] // B)
+    ):
         rows = virtual % B
         with gm.gating(gates[virtual].to(device)):
             out[virtual] = row_target_logprobs(gm.model, batch, rows).double().cpu()
@@ -246,7 +248,7 @@ def control_finite_difference(
     row_logp = torch.zeros(B, dtype=torch.float64)
     row_F = torch.zeros(B, K, dtype=torch.float64)
     with torch.no_grad():
-        for rows in _chunks(B, batch_size, batch.lengths):
+        for rows in row_chunks(B, batch_size, batch.lengths):
             with gm.gating(
                 torch.ones(len(rows), K, device=device, dtype=gate_dtype), capture_norms=True
             ) as cap:

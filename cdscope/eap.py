@@ -63,11 +63,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from cdscope.batch import ProbeBatch
-from cdscope.control import _chunks, frozen_parameters
+from cdscope.control import frozen_parameters, row_chunks
 from cdscope.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
-from cdscope.gates import _first_tensor
+from cdscope.gates import first_tensor
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.adapters import architecture_of
 from cdscope.models.discovery import input_tensor
@@ -171,7 +171,7 @@ class EdgeHooks:
 
     def _record(self, index: int):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: tuple, output: object) -> None:
-            self.activations[index] = _first_tensor(output).detach()
+            self.activations[index] = first_tensor(output).detach()
 
         return hook
 
@@ -281,7 +281,7 @@ def edge_scores(model: nn.Module, batch: ProbeBatch, batch_size: int | None = No
     """
     scores, losses = [None] * batch.B, torch.zeros(batch.B, dtype=torch.float64)
     with EdgeHooks(model) as hooks, frozen_parameters(model):
-        for rows in _chunks(batch.B, batch_size, batch.lengths):
+        for rows in row_chunks(batch.B, batch_size, batch.lengths):
             part, loss = _scores_of_rows(hooks, batch, rows)
             part = part.double().cpu()
             for i, b in enumerate(rows.tolist()):

@@ -91,7 +91,7 @@ class Capture:
         return torch.stack([self.norms[k].to(device) for k in range(K)], dim=1)
 
 
-def _first_tensor(output: object) -> torch.Tensor:
+def first_tensor(output: object) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output  # type: ignore[index,return-value]
 
 
@@ -158,7 +158,7 @@ class GatedModel:
 
     def _make_hook(self, k: int):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: tuple, output: object) -> object | None:
-            write = _first_tensor(output)
+            write = first_tensor(output)
             rows = None if self._gates is None else self._gates.shape[0]
             if self._capture is not None:
                 wide = write.detach().to(torch.promote_types(write.dtype, torch.float32))

@@ -20,6 +20,7 @@ output never mixes numbers of two different models or settings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -107,3 +108,33 @@ def reusable_rows(
         frame = frame[frame["model"] != spec]
         models = [m for m in models if m.get("name") != spec]
     return frame, models
+
+
+@dataclass
+class ResumeState:
+    """What a resumed run starts from: the reusable rows, their model records and the
+    finished keys (``(model, seed)`` or ``(model, problem_id)``)."""
+
+    frame: pd.DataFrame | None = None
+    models: list[dict] = field(default_factory=list)
+    done: set[tuple] = field(default_factory=set)
+
+
+def resume_state(
+    out: Path,
+    metadata: dict,
+    model_specs: Sequence[str],
+    options: ModelOptions,
+    resume: bool | str | None,
+    console: Console,
+    key: str,
+) -> ResumeState:
+    """The one ``--resume`` entry of every command: nothing when not resuming or ``out``
+    does not exist yet, else ``reusable_rows`` keyed by (model, ``key``)."""
+    mode = resume_mode(resume)
+    if not mode or not out.is_file():
+        return ResumeState()
+    frame, models = reusable_rows(out, metadata, model_specs, options, mode, console)
+    done = set(zip(frame["model"], frame[key], strict=True))
+    dim(console, f"--resume: keeping {len(done)} finished (model, {key}) pair(s) from {out}")
+    return ResumeState(frame, models, done)

@@ -259,7 +259,7 @@ def test_cli_trains_with_the_real_verifiers_and_bshared_loads_the_result(
     payload = json.loads(result.stdout)  # --json: the table's rows, one JSON object
     assert [r["step"] for r in payload["log"]] == [1, 2] and payload["outputs"]["final"]
     log, meta = read_parquet(out / "log.parquet")
-    assert list(log["step"]) == [1, 2] and meta["model"]["dtype"] == "torch.float32"
+    assert list(log["step"]) == [1, 2] and meta["model"]["dtype"] == "float32"
     assert log["reward"].between(0, 1).all() and (log["regularizer_s"] > 0).all()
     # each step opens at the theta the previous one closed at: one measurement, carried over
     assert log["b_shared_before"].iloc[1] == log["b_shared_after"].iloc[0]

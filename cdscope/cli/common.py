@@ -257,7 +257,8 @@ def model_options(
     )
 
 
-def _models(model: list[str] | None) -> list[str]:
+def models_or_embedded(model: list[str] | None) -> list[str]:
+    """The --model values, or the embedded default model when none is given."""
     from cdscope.models import EMBEDDED_NAME
 
     return model or [EMBEDDED_NAME]

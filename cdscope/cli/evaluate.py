@@ -25,6 +25,7 @@ from cdscope.cli.common import (
     app,
     err_console,
     model_options,
+    models_or_embedded,
     out_console,
     print_json,
     resume_arg,
@@ -319,10 +320,8 @@ def eval_command(
         if as_json:
             print_json("eval", tables, outputs=outputs)
         return
-    from cdscope.cli.common import _models
-
     result = evaluate(
-        _models(model),
+        models_or_embedded(model),
         loaded_tasks,
         settings,
         out,
@@ -336,12 +335,12 @@ def eval_command(
         outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
         print_json("eval", tables, outputs=outputs)
     else:
-        out_console.print(passk_table(result.passk, list(dict.fromkeys(_models(model)))))
+        out_console.print(passk_table(result.passk, list(dict.fromkeys(models_or_embedded(model)))))
         out_console.print(stats_table(result.stats))
     if plot is not None:
         from cdscope.plots import plot_passk
 
-        plot_passk(plot, result.passk, list(dict.fromkeys(_models(model))))
+        plot_passk(plot, result.passk, list(dict.fromkeys(models_or_embedded(model))))
         wrote(err_console, str(plot))
     wrote(
         err_console,

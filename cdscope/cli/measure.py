@@ -25,10 +25,10 @@ from cdscope.cli.common import (
     SeedsOpt,
     TemplateOpt,
     TrustRemoteCodeOpt,
-    _models,
     app,
     err_console,
     model_options,
+    models_or_embedded,
     out_console,
     print_json,
     resume_arg,
@@ -101,7 +101,7 @@ def probe(
     target = check_writable(out)
     pool = load_pool(probe)
     frame, _ = collect_control(
-        _models(model),
+        models_or_embedded(model),
         pool,
         settings,
         target,

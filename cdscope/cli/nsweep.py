@@ -20,9 +20,9 @@ from cdscope.cli.common import (
     ResumeOpt,
     SeedsOpt,
     TemplateOpt,
-    _models,
     app,
     err_console,
+    models_or_embedded,
     out_console,
     user_errors,
 )
@@ -75,7 +75,7 @@ def nsweep(
         raise CdscopeError("--resume continues a measurement; it does not apply to --from")
     settings = ProbeSettings(tuple(range(seeds)), max(sizes), template, "autograd", batch_size)
     result = run_nsweep(
-        target, sizes, _models(model) if from_path is None else model, from_path, settings,
+        target, sizes, models_or_embedded(model) if from_path is None else model, from_path, settings,
         probe, ModelOptions(device, dtype, attn), resume, err_console,
     )  # fmt: skip
     outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}

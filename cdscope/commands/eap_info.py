@@ -34,9 +34,11 @@ from rich.console import Console
 from rich.progress import Progress
 
 from cdscope.batch import encode_probe, prompt_ids
+from cdscope.commands.workflow import model_record
 from cdscope.distributed import single_process_only
 from cdscope.eap import STATISTICS, EdgeScores, eap_plan, edge_scores, edge_statistics
 from cdscope.errors import CdscopeError
+from cdscope.frames import ModelOptions
 from cdscope.gates import GatedModel
 from cdscope.generation import finite_logits
 from cdscope.io import run_metadata, write_parquet
@@ -290,12 +292,10 @@ def run_eap_info(
     baseline: str | None,
     pool: ProbePool,
     settings: EapSettings,
-    options: object,  # cdscope.commands.probe.ModelOptions
+    options: ModelOptions,
     console: Console | None = None,
 ) -> EapResult:
     """Answer, filter, score and summarise (module docstring); writes nothing."""
-    from cdscope.commands.probe import model_record
-
     single_process_only("eap-info")
     console = console or make_console()
     specs = [model] if baseline is None else [model, baseline]

@@ -25,13 +25,15 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
+from cdscope.commands.workflow import model_record
 from cdscope.contamination import benchmark_of
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.frames import ModelOptions
 from cdscope.io import run_metadata, write_parquet
-from cdscope.messages import dim, make_console, progress_bar
+from cdscope.messages import make_console, progress_bar
 from cdscope.passk import check_ks, summarize
+from cdscope.resume import resume_state
 from cdscope.tasks.sandbox import require_sandbox_for
 
 DEFAULT_MAX_NEW_TOKENS = {"code": 256, "math": 256, "logic": 192}
@@ -209,8 +211,6 @@ def evaluate(
     console: Console | None = None,
 ) -> EvalResult:
     """Generate, verify and summarise every (model, selected problem); see the module doc."""
-    from cdscope.resume import resume_mode, reusable_rows  # the same checks as probe
-
     single_process_only("eval")
     console = console or make_console()
     if len(set(model_specs)) != len(model_specs):
@@ -228,16 +228,11 @@ def evaluate(
         task_ids_hash=hashlib.sha256("\n".join(t.id for t, _ in chosen).encode()).hexdigest()[:16],
         models=[],
     )
-    frames: list[pd.DataFrame] = []
-    done: set[tuple[str, str]] = set()
-    mode = resume_mode(resume)
-    if mode and samples_path.is_file():
-        previous, metadata["models"] = reusable_rows(
-            samples_path, metadata, model_specs, options, mode, console
-        )
-        frames.append(previous)
-        done = set(zip(previous["model"], previous["problem_id"], strict=True))
-        dim(console, f"--resume: keeping {len(done)} finished (model, problem) pairs")
+    state = resume_state(
+        samples_path, metadata, model_specs, options, resume, console, "problem_id"
+    )
+    frames = [] if state.frame is None else [state.frame]
+    metadata["models"], done = state.models, state.done
 
     stats = []
     start_all = time.perf_counter()
@@ -255,12 +250,7 @@ def evaluate(
             t_model = time.perf_counter()
             loaded = options.load(spec, console)
             metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
-                dict(
-                    name=spec,
-                    source=loaded.source,
-                    revision=loaded.revision,
-                    dtype=str(loaded.dtype).removeprefix("torch."),
-                )
+                model_record(loaded)
             ]
             make = vllm_generator if settings.backend == "vllm" else hf_generator
             generate = make(loaded, settings)

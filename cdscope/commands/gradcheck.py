@@ -15,6 +15,7 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.batch import encode_probe
+from cdscope.commands.workflow import model_record
 from cdscope.distributed import single_process_only
 from cdscope.finite import NonFinite
 from cdscope.frames import describe_seeds
@@ -77,15 +78,7 @@ def run_gradcheck(
         settings={"n": n, "template": template, "batch_size": row_chunk},
         eps=list(eps_list),
         default={"estimator": DEFAULT_ESTIMATOR, "eps": DEFAULT_EPS},
-        models=[
-            {
-                "name": loaded.name,
-                "revision": loaded.revision,
-                "dtype": str(loaded.dtype),
-                "attn": loaded.model.config._attn_implementation,
-                "device": str(loaded.device),
-            }
-        ],
+        models=[model_record(loaded)],
     )
     rows: list[dict] = []
     with GatedModel(loaded.model) as gm, progress_bar(console) as progress:

@@ -11,7 +11,7 @@ complete Parquet in place and ``--resume`` (under any world size: finished work 
 by (model, seed) in the file) picks up from it.
 
 The numbers are those of a single-process run: each pair is measured by exactly the
-code of ``collect_control`` (``measure``, ``result_frame``), on a fresh draw from its
+code of ``collect_control`` (``workflow.measure``, ``workflow.result_frame``), on a fresh draw from its
 seed, and rank 0 writes the rows in the single-process order. The metadata adds
 ``world_size``.
 
@@ -32,7 +32,7 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope import distributed
-from cdscope.commands.probe import (
+from cdscope.commands.workflow import (
     dropped_warning,
     measure,
     model_record,
@@ -46,7 +46,7 @@ from cdscope.gates import GatedModel
 from cdscope.io import write_parquet
 from cdscope.messages import dim
 from cdscope.probes import ProbePool
-from cdscope.resume import resume_mode, reusable_rows
+from cdscope.resume import ResumeState, resume_state
 
 
 class _RankWorker:
@@ -102,14 +102,13 @@ def _resume_on_main(
     model_specs: Sequence[str],
     options: ModelOptions,
     console: Console,
-) -> tuple[pd.DataFrame | None, list[dict]]:
-    """Rank 0 reads the finished pairs of ``out`` that this run may reuse (the identity
-    checks of ``cdscope.resume``); every rank receives them (or the refusal)."""
-    state: object = (None, [])
-    mode = resume_mode(resume)
-    if launch.is_main and mode and out.is_file():
+) -> ResumeState:
+    """Rank 0 reads the finished pairs of ``out`` that this run may reuse
+    (``cdscope.resume.resume_state``); every rank receives them (or the refusal)."""
+    state: object = ResumeState()
+    if launch.is_main:
         try:
-            state = reusable_rows(out, metadata, model_specs, options, mode, console)
+            state = resume_state(out, metadata, model_specs, options, resume, console, "seed")
         except CdscopeError as exc:
             state = str(exc)
     state = distributed.from_main(state, launch)
@@ -137,22 +136,14 @@ def collect_control_parallel(
         options = replace(options, device=distributed.rank_device(options.device))
     with distributed.process_group(launch, "cuda" if options.device.startswith("cuda") else "cpu"):
         metadata = probe_metadata(command, pool, settings, options, world_size=launch.world_size)
-        previous, records = _resume_on_main(
-            out, metadata, resume, launch, model_specs, options, console
-        )
-        done = (
-            set()
-            if previous is None
-            else set(zip(previous["model"], previous["seed"], strict=True))
-        )
+        state = _resume_on_main(out, metadata, resume, launch, model_specs, options, console)
+        previous, records, done = state.frame, state.models, state.done
         work = [(m, s) for m in model_specs for s in settings.seeds if (m, s) not in done]
         if 0 < len(work) < launch.world_size:
             raise CdscopeError(
                 f"launched with {launch.world_size} ranks but only {len(work)} (model, seed) pair(s) "
                 f"are left to measure; launch at most {len(work)} processes or add --seeds/--model"
             )
-        if done:
-            dim(console, f"--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}")
         mine = distributed.share(work, launch)
         rounds = math.ceil(len(work) / launch.world_size)
         finished: dict[tuple[str, int], pd.DataFrame] = {}

@@ -8,131 +8,31 @@ so an interrupted run keeps what it finished and ``--resume`` skips it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from cdscope.batch import encode_probe
-from cdscope.control import ControlResult, control_autograd, control_finite_difference
+from cdscope.commands.parallel import collect_control_parallel
+from cdscope.commands.workflow import (
+    dropped_warning,
+    measure,
+    model_record,
+    probe_metadata,
+    record_drawn,
+    result_frame,
+)
+from cdscope.control import ControlResult
 from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
-from cdscope.finite import NonFinite
-from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings, describe_seeds
+from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.gates import GatedModel
-from cdscope.io import run_metadata, write_parquet
-from cdscope.messages import dim, make_console, progress_bar, warn
+from cdscope.io import write_parquet
+from cdscope.messages import make_console, progress_bar
 from cdscope.models import LoadedModel
-from cdscope.probes import ProbePool, draw_probe, drawn_ids
-from cdscope.resume import resume_mode, reusable_rows
-
-
-def measure(
-    loaded: LoadedModel, gm: GatedModel, pool: ProbePool, seed: int, settings: ProbeSettings
-) -> ControlResult:
-    """One probe seed on one model: draw, encode, estimate (non-finite values refused)."""
-    items = draw_probe(pool, seed, settings.n)
-    pad_id = getattr(loaded.tokenizer, "pad_token_id", None) or 0
-    batch = encode_probe(items, loaded.tokenizer, settings.template, pad_id=pad_id).to(
-        loaded.device
-    )
-    # CPU default: one row per forward (no padding; measured ~30% faster than one padded
-    # batch on the embedded model). GPU default: the whole probe in one batch.
-    batch_size = settings.batch_size or (1 if loaded.device.type == "cpu" else None)
-    try:
-        if settings.estimator == "autograd":
-            return control_autograd(gm, batch, batch_size)
-        return control_finite_difference(gm, batch, settings.fd_step, batch_size and 8 * batch_size)
-    except NonFinite as exc:
-        raise exc.at(f"at seed {seed} of model {loaded.name!r}") from None
-
-
-def dropped_warning(console: Console, spec: str, seed: int, dropped: Sequence[str]) -> None:
-    warn(
-        console,
-        f"{spec} seed {seed}: dropped famil{'y' if len(dropped) == 1 else 'ies'} "
-        f"{', '.join(dropped)} (|l_m| < 1e-4 cannot be normalised)",
-    )
-
-
-def record_drawn(metadata: dict, pool: ProbePool, n: int, seeds: Iterable[int]) -> None:
-    """Add ``{seed: {family: [item ids]}}`` under ``metadata["drawn"]`` for the finished
-    ``seeds`` not recorded yet (each seed's draw is made once per run)."""
-    drawn = metadata.setdefault("drawn", {})
-    for seed in sorted({int(s) for s in seeds} - {int(k) for k in drawn}):
-        drawn[str(seed)] = drawn_ids(draw_probe(pool, seed, n))
-
-
-def _sample_lists(result: ControlResult) -> dict[str, list]:
-    """The per-sample columns (frames.SAMPLE_COLUMNS): one list per (family, gate) row."""
-    M, K = result.dl_dg.shape  # noqa: N806
-    if result.row_family is None:
-        return {}
-    rows = [np.flatnonzero(result.row_family == m) for m in range(M)]
-    return {
-        "logp_samples": [result.row_logp[r].tolist() for r in rows for _ in range(K)],
-        "dlogp_samples": [result.row_dlogp[r, k].tolist() for r in rows for k in range(K)],
-        "F_samples": [result.row_F[r, k].tolist() for r in rows for k in range(K)],
-    }
-
-
-def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
-    """Long format: one row per (family, gate), with the per-sample lists when known."""
-    M, K = result.dl_dg.shape  # noqa: N806
-    gates = result.gate_set
-    return pd.DataFrame(
-        {
-            "model": model,
-            "seed": seed,
-            "family": np.repeat(result.families, K),
-            "gate": np.tile(np.arange(K), M),
-            "layer": np.tile(gates.layers, M),
-            "sublayer": np.tile(gates.sublayers, M),
-            "C": result.C.ravel(),
-            "F": result.F.ravel(),
-            "dl_dg": result.dl_dg.ravel(),
-            "ell": np.repeat(result.ell, K),
-            "dropped": np.repeat(~result.kept, K),
-            **_sample_lists(result),
-        }
-    )
-
-
-def model_record(loaded: LoadedModel, gm: GatedModel) -> dict:
-    return {
-        "name": loaded.name,
-        "source": loaded.source,
-        "revision": loaded.revision,
-        "architecture": loaded.model.config.model_type,
-        "layers": loaded.num_layers,
-        "K": gm.gate_set.K,
-        "granularity": gm.gate_set.granularity,
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "device": str(loaded.device),
-    }
-
-
-def probe_metadata(
-    command: str, pool: ProbePool, settings: ProbeSettings, options: ModelOptions, world_size: int
-) -> dict:
-    """Run metadata of a probe measurement (``models`` is filled as models load)."""
-    return run_metadata(
-        command,
-        probe_hash=pool.hash,
-        probe_files=list(pool.paths),
-        families=pool.families,
-        seeds=describe_seeds(settings.seeds),
-        settings=settings.comparable(),
-        batch_size=settings.batch_size,
-        fd_step=settings.fd_step if settings.estimator == "fd" else None,
-        fd_order=settings.fd_order if settings.estimator == "fd" else None,
-        world_size=world_size,
-        placement=options.placement.describe() if options.placement else None,
-        models=[],
-        drawn={},  # seed -> family -> item ids, for every finished seed
-    )
+from cdscope.probes import ProbePool
+from cdscope.resume import resume_mode, resume_state
 
 
 def collect_control(
@@ -156,7 +56,7 @@ def collect_control(
     (measure mismatching pairs again); see ``cdscope.resume``.
     """
     console = console or make_console()
-    mode = resume_mode(resume)
+    resume_mode(resume)  # a wrong mode is refused before anything loads
     names = [m.name if isinstance(m, LoadedModel) else m for m in model_specs]
     if len(set(names)) != len(names):
         raise CdscopeError(
@@ -164,8 +64,6 @@ def collect_control(
         )
     launch = launch_env()
     if launch.active:  # started by torchrun / accelerate launch: (model, seed) pairs across ranks
-        from cdscope.commands.parallel import collect_control_parallel
-
         if out is None or any(isinstance(m, LoadedModel) for m in model_specs):
             raise CdscopeError(
                 "under a launcher every model is a spec each rank loads itself, and --out is needed"
@@ -175,12 +73,12 @@ def collect_control(
         )
     metadata = probe_metadata(command, pool, settings, options, world_size=1)
     frames: list[pd.DataFrame] = []
-    done: set[tuple[str, int]] = set()
-    if mode and out is not None and out.is_file():
-        previous, metadata["models"] = reusable_rows(out, metadata, names, options, mode, console)
-        frames.append(previous)
-        done = set(zip(previous["model"], previous["seed"], strict=True))
-        dim(console, f"--resume: keeping {len(done)} finished (model, seed) pair(s) from {out}")
+    done: set[tuple] = set()
+    if out is not None:
+        state = resume_state(out, metadata, names, options, resume, console, "seed")
+        if state.frame is not None:
+            frames.append(state.frame)
+            metadata["models"], done = state.models, state.done
 
     with progress_bar(console) as progress:
         task = progress.add_task(

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from cdscope.commands.workflow import model_record
 from cdscope.distributed import rank_device, single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, run_metadata
@@ -69,7 +70,7 @@ def prepare(
     import torch
 
     from cdscope.generation import ensure_pad_token
-    from cdscope.models import load_model
+    from cdscope.models import LoadedModel, load_model
     from cdscope.regularizer import check_step_resolution
     from cdscope.tasks.sandbox import require_sandbox_for
     from cdscope.train.cdrft import build_probe
@@ -88,9 +89,12 @@ def prepare(
             revision=cfg.revision, trust_remote_code=cfg.trust_remote_code,
         )  # fmt: skip
         model, tokenizer = loaded.model, loaded.tokenizer
-        model_info = {"name": loaded.name, "revision": loaded.revision, "dtype": str(loaded.dtype)}
     else:
-        model_info = {"name": cfg.model, "revision": "in-memory", "dtype": str(model.dtype)}
+        device = next(model.parameters()).device
+        loaded = LoadedModel(
+            model, tokenizer, cfg.model, "in-memory", "in-memory", device, model.dtype
+        )
+    model_info = model_record(loaded)
     ensure_pad_token(tokenizer)
     dtype = next(model.parameters()).dtype
     if cfg.regularizer == "cdrft" and cfg.estimator != "exact":

@@ -35,7 +35,7 @@ LABELS = {
 }
 
 
-def _save(fig: plt.Figure, path: Path) -> None:
+def save_figure(fig: plt.Figure, path: Path) -> None:
     fmt = check_plot_path(path)
     atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=200, bbox_inches="tight"))
     plt.close(fig)
@@ -44,7 +44,7 @@ def _save(fig: plt.Figure, path: Path) -> None:
 MARKERS = ("o", "s", "^", "D", "v")
 
 
-def _short(name: str, width: int = 22) -> str:
+def short_label(name: str, width: int = 22) -> str:
     """A model name for figure text; ``$`` escaped so mathtext shows it as typed."""
     from cdscope.render import short_model_name
 
@@ -53,7 +53,7 @@ def _short(name: str, width: int = 22) -> str:
     return name.replace("$", r"\$")
 
 
-def _style() -> None:
+def apply_style() -> None:
     plt.rcParams.update(
         {
             "font.size": 10,
@@ -88,7 +88,7 @@ def _bars(
                 width * 0.9,
                 color=PALETTE[i % len(PALETTE)],
                 alpha=0.55,
-                label=_short(model) if j == 0 else None,
+                label=short_label(model) if j == 0 else None,
             )
             ax.errorbar(x, mean, yerr=0 if np.isnan(se) else se, color="black", capsize=4, lw=1.2)
             seeds = (
@@ -124,13 +124,13 @@ def _forest(ax: plt.Axes, paired: pd.DataFrame, measures: list[str]) -> None:
             ax.plot([lo, hi], [y, y], color=color, lw=2)
         ax.plot(mean, y, "o", color=color, ms=7)
         labels.append(
-            f"{_short(row['model'], 18)}\n{LABELS.get(row['measure'], row['measure'])}  "
+            f"{short_label(row['model'], 18)}\n{LABELS.get(row['measure'], row['measure'])}  "
             f"({row['n_negative']}/{row['n']} < 0)"
         )
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # top to bottom, no empty band for few rows
-    reference = _short(str(paired["reference"].iloc[0])) if len(paired) else ""
+    reference = short_label(str(paired["reference"].iloc[0])) if len(paired) else ""
     ax.set_xlabel(f"Δ vs {reference} (percentage points, 95% t-interval)")
     ax.set_title("Same-seed paired differences")
 
@@ -143,7 +143,7 @@ def plot_audit(
     paired: pd.DataFrame,
     measures: list[str],
 ) -> None:
-    _style()
+    apply_style()
     models = list(dict.fromkeys(per_seed["model"]))
     several = len(models) > 1 and not paired.empty
     fig, axes = plt.subplots(
@@ -159,11 +159,11 @@ def plot_audit(
     if several:
         _forest(axes[0, 1], paired, measures)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_decompose(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame) -> None:
-    _style()
+    apply_style()
     models = list(dict.fromkeys(per_seed["model"]))
     fig, axes = plt.subplots(
         1, 1 + len(models), figsize=(5.5 + 3.6 * len(models), 4.2), squeeze=False
@@ -193,10 +193,10 @@ def plot_decompose(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame) ->
                 )
         ax.set_xticks(range(len(families)), families)
         ax.set_yticks(range(len(families)), families)
-        ax.set_title(f"|cos| of C rows — {_short(model)}")
+        ax.set_title(f"|cos| of C rows — {short_label(model)}")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_random_reference(
@@ -209,7 +209,7 @@ def plot_random_reference(
     value: float | None = None,
     percentile: float | None = None,
 ) -> None:
-    _style()
+    apply_style()
     fig, ax = plt.subplots(figsize=(9.5, 4))  # room for the legend beside the axes
     ax.hist(100 * samples, bins=80, color="#9dc3e6", edgecolor="#1f4e79", linewidth=0.3)
     ax.axvline(100 / M, color="grey", ls=":", lw=1.2, label=f"1/M bound = {100 / M:.1f}%")
@@ -227,7 +227,7 @@ def plot_random_reference(
     ax.set_title(f"Random reference: M = {M}, K = {K}, {len(samples):,} trials")
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _layer_ticks(names: list[str], prefix: str, L: int) -> tuple[list[int], list[str]]:  # noqa: N803
@@ -309,7 +309,7 @@ def _stat_strip(
             capsize=4,
             ms=5,
         )
-    ax.set_xticks(range(len(models)), [_short(m, 16) for m in models], fontsize=8)
+    ax.set_xticks(range(len(models)), [short_label(m, 16) for m in models], fontsize=8)
     ax.set_xlim(-0.5, len(models) - 0.5)
     ax.set_title(EAP_LABELS[key])
 
@@ -329,7 +329,7 @@ def plot_eap(
     summary: pd.DataFrame,
 ) -> None:
     """Mean |edge score| heatmap per model (shared log colour scale) and per-sample statistics."""
-    _style()
+    apply_style()
     models = list(dict.fromkeys(per_sample["model"]))
     matrices = {
         m: graph.matrix(edges[edges["model"] == m]["mean_abs_score"].to_numpy()) for m in models
@@ -341,20 +341,20 @@ def plot_eap(
     n = int(per_sample.groupby("model").size().max())
     for i, model in enumerate(models):
         title = (
-            f"{_short(model, 40)}: mean |edge score| over {n} sample(s), "
+            f"{short_label(model, 40)}: mean |edge score| over {n} sample(s), "
             f"{graph.E:,} edges, L = {graph.num_layers}"
         )
         _edge_heatmap(fig.add_subplot(grid[i, :]), fig, matrices[model], graph, title, limits)
     for j, key in enumerate(("intensity", "info_complexity", "kurtosis")):
         _stat_strip(fig.add_subplot(grid[len(models), j]), per_sample, summary, key, models)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None) -> None:
     """pass@k against k (SPEC §7): one panel per domain plus overall, one line per model
     (in the order of ``models``, default: as they appear)."""
-    _style()
+    apply_style()
     rows = passk[(passk["subset"] == "all") & passk["level"].isin(["domain", "overall"])]
     panels = [*sorted(rows.loc[rows["level"] == "domain", "domain"].unique()), "overall"]
     models = models or list(dict.fromkeys(rows["model"]))
@@ -374,7 +374,7 @@ def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None)
                 markersize=8 - 2 * (i % 3),  # later models drawn smaller: equal curves stay visible
                 linestyle=("-", "--", ":")[i % 3],
                 color=PALETTE[i % len(PALETTE)],
-                label=_short(model),
+                label=short_label(model),
             )
         problems = int(part["problems"].max()) if len(part) else 0
         ax.set_title(f"{panel} ({problems} problem{'' if problems == 1 else 's'})")
@@ -387,4 +387,4 @@ def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None)
     axes[0][0].set_ylabel("pass@k (%)")
     axes[0][-1].legend(loc="best", fontsize=8, frameon=False)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cdscope.plots import PALETTE, _save, _short, _style, plt
+from cdscope.plots import PALETTE, apply_style, plt, save_figure, short_label
 
 SERIES = {
     "B_shared_C": ("plain B_shared(C)", "-", "o"),
@@ -21,7 +21,7 @@ SERIES = {
 
 def plot_nsweep(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame, M: int) -> None:  # noqa: N803
     """The n-sweep figure (module doc); values in percent."""
-    _style()
+    apply_style()
     models = list(dict.fromkeys(per_seed["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 4.4), squeeze=False)
     ns = sorted(per_seed["n"].unique())
@@ -45,11 +45,11 @@ def plot_nsweep(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame, M: in
         ax.minorticks_off()
         ax.set_xlabel("probe samples per family n")
         ax.set_ylabel("B_shared(C) (%)")
-        ax.set_title(f"{_short(str(model), 40)}: B_shared against n")
+        ax.set_title(f"{short_label(str(model), 40)}: B_shared against n")
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 __all__ = ["plot_nsweep"]

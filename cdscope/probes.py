@@ -24,7 +24,7 @@ import numpy as np
 
 from cdscope.errors import CdscopeError
 from cdscope.io import json_record, require_keys
-from cdscope.resources import shipped_data_dir
+from cdscope.resources import default_probe_dir
 
 REQUIRED_KEYS = ("id", "family", "prompt", "target")
 
@@ -61,11 +61,6 @@ class ProbePool:
                 record = [item.id, item.family, item.prompt, item.target]
                 digest.update(json.dumps(record, ensure_ascii=False).encode())
         return "sha256:" + digest.hexdigest()[:16]
-
-
-def default_probe_dir() -> Path:
-    """The shipped pools: ``$CDSCOPE_PROBES`` or the package's ``data/probes/`` folder."""
-    return shipped_data_dir("probes", "CDSCOPE_PROBES")
 
 
 def default_pool_paths() -> list[Path]:

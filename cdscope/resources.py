@@ -20,3 +20,13 @@ def shipped_data_dir(name: str, env: str) -> Path:
         return Path(override)
     # a regular (unzipped) install: the Traversable is a real directory
     return Path(str(files("cdscope") / "data" / name))
+
+
+def default_task_dir() -> Path:
+    """The shipped task sets: ``$CDSCOPE_TASKS`` or the package's ``data/tasks/`` folder."""
+    return shipped_data_dir("tasks", "CDSCOPE_TASKS")
+
+
+def default_probe_dir() -> Path:
+    """The shipped probe pools: ``$CDSCOPE_PROBES`` or the package's ``data/probes/``."""
+    return shipped_data_dir("probes", "CDSCOPE_PROBES")

@@ -316,7 +316,7 @@ def test_no_rich_widget_is_built_outside_the_rendering_point() -> None:
 def test_figure_model_names_escape_mathtext() -> None:
     from matplotlib.text import Text as FigureText
 
-    from cdscope.plots import _short
+    from cdscope.plots import short_label
 
-    shown = FigureText(text=_short("run$x$1"))
+    shown = FigureText(text=short_label("run$x$1"))
     assert shown._preprocess_math(shown.get_text()) == ("run$x$1", False)  # not math, as typed

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 
 from cdscope.errors import CdscopeError
-from cdscope.tasks.format import Task
 from cdscope.tasks.harness import run_check
+from cdscope.tasks.record import Task
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ")
 _FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)

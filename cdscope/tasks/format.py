@@ -22,58 +22,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from cdscope.errors import CdscopeError
 from cdscope.io import atomic_write_bytes, json_record
-from cdscope.resources import shipped_data_dir
+from cdscope.resources import default_task_dir
+from cdscope.tasks.record import (
+    OPTIONAL_KEYS,
+    REQUIRED_KEYS,
+    Task,
+    is_code_kind,
+    required_fields,
+)
+from cdscope.tasks.verifiers import VERIFIERS
 
-REQUIRED_KEYS = ("id", "family", "prompt", "verifier")
-OPTIONAL_KEYS = ("answer", "tests", "entry_point", "source", "meta")
-CODE_KEYS = ("tests", "entry_point")
 FAMILIES = ("math", "code", "logic")
 SPLITS = ("train", "eval")
-
-
-@dataclass(frozen=True)
-class Task:
-    """One verifiable task: a prompt and what a correct completion must satisfy."""
-
-    id: str
-    family: str
-    prompt: str
-    verifier: str
-    answer: str | None = None
-    tests: str | None = None
-    entry_point: str | None = None
-    source: str | None = None
-    meta: dict = field(default_factory=dict, compare=False, hash=False)
-
-    def to_record(self) -> dict:
-        """The JSON object of this task (``None`` fields and an empty meta left out)."""
-        record: dict = {k: getattr(self, k) for k in (*REQUIRED_KEYS, *OPTIONAL_KEYS[:-1])}
-        record = {k: v for k, v in record.items() if v is not None}
-        if self.meta:
-            record["meta"] = self.meta
-        return record
-
-
-def is_code_kind(kind: str) -> bool:
-    """Code kinds (``code`` or ``code:<variant>``) execute tests in the sandbox."""
-    return kind == "code" or kind.startswith("code:")
-
-
-def required_fields(kind: str) -> tuple[str, ...]:
-    """The keys a task of verifier ``kind`` must carry besides the always-required ones."""
-    return CODE_KEYS if is_code_kind(kind) else ("answer",)
-
-
-def _known_kinds() -> list[str]:
-    from cdscope.tasks.verifiers import VERIFIERS  # verifiers import Task from here
-
-    return sorted(VERIFIERS)
 
 
 def check_task(task: Task, where: str = "task") -> Task:
@@ -82,7 +47,7 @@ def check_task(task: Task, where: str = "task") -> Task:
         value = getattr(task, key)
         if not isinstance(value, str) or not value:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
-    kinds = _known_kinds()
+    kinds = sorted(VERIFIERS)
     if task.verifier not in kinds:
         raise CdscopeError(
             f"{where}: unknown verifier kind {task.verifier!r} (known: {', '.join(kinds)})"
@@ -165,11 +130,6 @@ def write_tasks(tasks: Sequence[Task], path: Path) -> None:
         seen.add(task.id)
     data = dumps_tasks(tasks).encode("utf-8")
     atomic_write_bytes(path, lambda tmp: Path(tmp).write_bytes(data))
-
-
-def default_task_dir() -> Path:
-    """The shipped sets: ``$CDSCOPE_TASKS`` or the package's ``data/tasks/`` folder."""
-    return shipped_data_dir("tasks", "CDSCOPE_TASKS")
 
 
 def default_task_paths(split: Literal["train", "eval"]) -> list[Path]:

@@ -40,7 +40,7 @@ from types import CodeType
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks import sandbox_child as wire
-from cdscope.tasks.format import Task
+from cdscope.tasks.record import Task
 from cdscope.tasks.sandbox import (
     SandboxClosed,
     SandboxProcess,

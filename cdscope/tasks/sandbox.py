@@ -51,20 +51,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdscope.errors import CdscopeError
+from cdscope.resources import default_task_dir
 from cdscope.tasks import sandbox_child as wire
-from cdscope.tasks.format import Task, default_task_dir, is_code_kind
+from cdscope.tasks.record import Task, is_code_kind
 from cdscope.tasks.sandbox_process import (
-    _ENV_PATH,
-    _TOOL_PATH,
+    ENV_PATH,
     MAX_OUTPUT_BYTES,
     MOUNT_WORKDIR,
+    TOOL_PATH,
     Layers,
     SandboxClosed,
     SandboxProcess,
     SandboxTimeout,
-    _binds,
     data_dirs,
     exit_reason,
+    host_binds,
 )
 
 __all__ = [
@@ -115,7 +116,7 @@ class SandboxResult:
 
 def _interpreters() -> list[str]:
     found = [sys.executable, getattr(sys, "_base_executable", "")]
-    found += [shutil.which("python3", path=_ENV_PATH) or "", "/usr/bin/python3"]
+    found += [shutil.which("python3", path=ENV_PATH) or "", "/usr/bin/python3"]
     unique: list[str] = []
     for path in found:
         if path and os.path.exists(path) and path not in unique:
@@ -126,8 +127,8 @@ def _interpreters() -> list[str]:
 def _candidates() -> list[tuple[bool, bool, bool]]:
     """(drop_user, namespaces, mount) from strongest to weakest."""
     root = hasattr(os, "geteuid") and os.geteuid() == 0
-    has_unshare = shutil.which("unshare", path=_ENV_PATH) is not None
-    has_mount = has_unshare and all(shutil.which(b, path=_TOOL_PATH) for b in _TOOLS)
+    has_unshare = shutil.which("unshare", path=ENV_PATH) is not None
+    has_mount = has_unshare and all(shutil.which(b, path=TOOL_PATH) for b in _TOOLS)
     order = [(d, True, m) for d in (True, False) for m in (True, False)]
     order += [(True, False, False), (False, False, False)]
     return [
@@ -141,7 +142,7 @@ def _try_layers(layers: Layers) -> bool:
     """Run a probe; for the mount layer it must also find the host's files hidden."""
     probe = "import socket\nprint(sum(range(5)))\n"
     if layers.mount:
-        binds = _binds(layers.interpreter)
+        binds = host_binds(layers.interpreter)
         hidden = [str(p) for p in _HIDDEN] + data_dirs()
         hidden = [
             h

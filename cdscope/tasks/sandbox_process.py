@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdscope.resources import default_probe_dir, default_task_dir
 from cdscope.tasks import sandbox_child as wire
 
 NOBODY = 65534
@@ -30,19 +31,14 @@ _BOOTSTRAP = Path(__file__).with_name("sandbox_child.py")
 _UNSHARE = ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")
 MOUNT_WORKDIR = "/cdscope-work"  # inside the minimal root; its own tmpfs
 _ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_ENV_PATH = "/usr/local/bin:/usr/bin:/bin"
-_TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ENV_PATH = "/usr/local/bin:/usr/bin:/bin"
+TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def data_dirs() -> list[str]:
     """The shipped data -- pools and task sets, whose code tests are what a candidate must
     never read -- wherever this install keeps it (package data, or ``$CDSCOPE_*``)."""
-    from cdscope.resources import shipped_data_dir
-
-    found = {
-        str(shipped_data_dir(name, env).resolve())
-        for name, env in (("tasks", "CDSCOPE_TASKS"), ("probes", "CDSCOPE_PROBES"))
-    }
+    found = {str(folder().resolve()) for folder in (default_task_dir, default_probe_dir)}
     found.add(str(Path(__file__).resolve().parents[1] / "data"))
     return sorted(p for p in found if os.path.isdir(p))
 
@@ -72,19 +68,19 @@ def _mount_script(binds: Sequence[str], masks: Sequence[str] = ()) -> str:
         for m in inside
     )
     return (
-        f"set -e; PATH={_TOOL_PATH}; mount -t tmpfs -o size=16m,mode=755 cdscope-root /tmp; "
+        f"set -e; PATH={TOOL_PATH}; mount -t tmpfs -o size=16m,mode=755 cdscope-root /tmp; "
         f"cd /tmp; mkdir -p dev .{MOUNT_WORKDIR} {made}; {binds_cmd}{link_cmd}"
         ": > dev/null; : > dev/urandom; mount --bind /dev/null dev/null; "
         "mount --bind /dev/urandom dev/urandom; "
         f"mount -t tmpfs -o size=64m,mode=700 cdscope-work .{MOUNT_WORKDIR}; "
         "mount -o remount,bind,ro /tmp; "
-        f"unset PWD OLDPWD; PATH={_ENV_PATH}; exec {_tool('chroot')} /tmp {_tool('setpriv')} "
+        f"unset PWD OLDPWD; PATH={ENV_PATH}; exec {_tool('chroot')} /tmp {_tool('setpriv')} "
         '--no-new-privs --inh-caps=-all --bounding-set=-all -- "$0" "$@"'
     )
 
 
 def _tool(name: str) -> str:
-    return shlex.quote(shutil.which(name, path=_TOOL_PATH) or name)
+    return shlex.quote(shutil.which(name, path=TOOL_PATH) or name)
 
 
 def exit_reason(stderr: str, returncode: int | None) -> str:
@@ -122,7 +118,7 @@ class Layers:
         return f"{', '.join(parts)}; interpreter {self.interpreter}"
 
 
-def _binds(interpreter: str) -> list[str]:
+def host_binds(interpreter: str) -> list[str]:
     """What the minimal root needs: the system dirs, plus the interpreter's prefix (both
     the path as called and the resolved one) when it lies outside them."""
     binds = list(_ROOT_DIRS)
@@ -175,13 +171,13 @@ class SandboxProcess:
                 "open_files": 64,
                 "processes": 0,
             }
-            env = {"PATH": _ENV_PATH, "LANG": "C.UTF-8", "HOME": inside, "TMPDIR": inside}
+            env = {"PATH": ENV_PATH, "LANG": "C.UTF-8", "HOME": inside, "TMPDIR": inside}
             command: list[str] = []
             if layers.namespaces:
                 command += [*_UNSHARE, *(("--mount",) if layers.mount else ()), "--"]
             if layers.mount:
-                script = _mount_script(_binds(layers.interpreter), data_dirs())
-                command += [shutil.which("sh", path=_ENV_PATH) or "/bin/sh", "-c", script]
+                script = _mount_script(host_binds(layers.interpreter), data_dirs())
+                command += [shutil.which("sh", path=ENV_PATH) or "/bin/sh", "-c", script]
             command += [layers.interpreter, "-I", "-S", "-B", "-c", _BOOTSTRAP.read_text("utf-8")]
             user = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
             with open(self._logs / "stdout", "wb") as out, open(self._logs / "stderr", "wb") as err:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks.answers import find_final_answer, is_reduced_fraction_text, parse_number, show
-from cdscope.tasks.format import Task, is_code_kind
 from cdscope.tasks.logic import LOGIC_CHECKS, check_exact
+from cdscope.tasks.record import Task, is_code_kind
 
 NO_ANSWER = "no final answer found"
 

@@ -1,0 +1,189 @@
+"""The package's import graph, read from the source with ``ast`` (nothing is imported).
+
+Two rules (issue #18, "one place per fact"):
+
+* no cycle among cdscope modules, counting imports inside functions too (a lazy import
+  for startup speed is fine; one that only dodges a cycle is not);
+* no module imports a private name (``_x``) from another module: what modules share is
+  public, so it has one owner and one name.
+
+``if TYPE_CHECKING:`` blocks are left out: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cdscope"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth, outside ``if TYPE_CHECKING:``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def walk(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                walk(child)
+            return
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            walk(child)
+
+    walk(tree)
+    return found
+
+
+def absolute(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The module an ``ImportFrom`` names, relative imports resolved."""
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def edges(known: dict[str, Path]) -> dict[str, set[str]]:
+    """importer -> the cdscope modules it imports (``from pkg import mod`` counts mod)."""
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in import_nodes(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                source = absolute(node, name, path.name == "__init__.py")
+                targets = [
+                    f"{source}.{a.name}" if f"{source}.{a.name}" in known else source
+                    for a in node.names
+                ]
+            for target in targets:
+                while target and target not in known:  # a.b.c -> the module a.b that holds c
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of modules (first repeated last), or None."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 finished
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def _package_parents(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph without the edges a submodule has to its own parent packages: importing
+    ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, which is not a cycle of ours
+    unless those ``__init__`` files themselves import back (those edges stay)."""
+    return {
+        name: {t for t in targets if not name.startswith(t + ".")}
+        for name, targets in graph.items()
+    }
+
+
+#: import edges that still close a cycle, each with why it is not broken here. The models
+#: one is intrinsic to the current layout: ``GatedModel(model)`` defaults to the proven
+#: ``architecture_of(model)``, and the proof runs the real ``GatedModel`` hooks; breaking
+#: it moves GatedModel (gates.py, whose hook lifecycle is being reworked separately).
+KNOWN_CYCLE_EDGES = {
+    ("cdscope.models.proof", "cdscope.gates"),
+}
+
+
+def test_no_import_cycles() -> None:
+    graph = _package_parents(edges(modules()))
+    for importer, imported in KNOWN_CYCLE_EDGES:
+        graph.get(importer, set()).discard(imported)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_private_names_imported_across_modules() -> None:
+    known = modules()
+    offences = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in import_nodes(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = absolute(node, name, path.name == "__init__.py")
+                if node.module == "__future__" or not source.startswith("cdscope"):
+                    continue
+                names = [a.name for a in node.names]
+            else:
+                names = [a.name.rpartition(".")[2] for a in node.names]
+                if not any(a.name.startswith("cdscope") for a in node.names):
+                    continue
+            offences += [
+                f"{name}:{node.lineno} imports {n}"
+                for n in names
+                if n.startswith("_") and not n.startswith("__")
+            ]
+    assert not offences, "private names imported across modules: " + "; ".join(offences)
+
+
+# -- the checker itself must be able to fail -------------------------------------------
+
+
+def test_the_checker_finds_a_cycle_and_a_private_import(tmp_path: Path) -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    source = "def f():\n    from cdscope.x import y\nif TYPE_CHECKING:\n    import cdscope.z\n"
+    found = import_nodes(ast.parse(source))
+    assert [n.module for n in found if isinstance(n, ast.ImportFrom)] == ["cdscope.x"]
+    assert len(found) == 1  # the TYPE_CHECKING import is not counted
+
+
+@pytest.mark.parametrize(
+    ("importer", "is_package", "level", "module", "expected"),
+    [
+        ("cdscope.tasks.format", False, 1, "record", "cdscope.tasks.record"),
+        ("cdscope.tasks", True, 1, "format", "cdscope.tasks.format"),
+        ("cdscope.tasks.format", False, 2, "io", "cdscope.io"),
+    ],
+)
+def test_relative_imports_resolve(
+    importer: str, is_package: bool, level: int, module: str, expected: str
+) -> None:
+    node = ast.ImportFrom(module=module, names=[ast.alias(name="x")], level=level)
+    assert absolute(node, importer, is_package) == expected

@@ -32,6 +32,7 @@ from cdscope.messages import make_console
 from cdscope.probes import REQUIRED_KEYS, ProbePool, pool_from_records
 from cdscope.probes import draw_probe as _draw
 from cdscope.probes import load_pool as _load_pool_files
+from cdscope.resources import EMBEDDED_NAME
 
 if TYPE_CHECKING:
     from cdscope.models.loading import LoadedModel
@@ -43,7 +44,7 @@ ModelLike = Any  # "LoadedModel | str | Path | transformers model"; see load_mod
 
 
 def load_model(
-    model: ModelLike = "smollm2-135m",
+    model: ModelLike = EMBEDDED_NAME,
     tokenizer: Any = None,
     *,
     name: str | None = None,

@@ -12,6 +12,10 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
+#: the model every command uses without --model: SmolLM2-135M-Instruct, shipped as a GGUF
+#: (``cdscope.models.loading``); here so the CLI can name it without importing torch
+EMBEDDED_NAME = "smollm2-135m"
+
 
 def shipped_data_dir(name: str, env: str) -> Path:
     """``$env`` if set, else ``cdscope/data/<name>`` of the installed package."""

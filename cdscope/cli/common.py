@@ -22,6 +22,7 @@ from typer.core import TyperGroup
 from cdscope.cli.params import COUNT_MAX
 from cdscope.errors import AuditFailed, CdscopeError
 from cdscope.messages import make_console, say, warn
+from cdscope.resources import EMBEDDED_NAME
 
 
 class _Group(TyperGroup):
@@ -99,7 +100,7 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="Model: hub id, local directory, .gguf file, or 'smollm2-135m' (embedded default). "
+        help=f"Model: hub id, local directory, .gguf file, or '{EMBEDDED_NAME}' (embedded default). "
         "Repeat to compare models (the first is the reference).",
     ),
 ]
@@ -259,8 +260,6 @@ def model_options(
 
 def models_or_embedded(model: list[str] | None) -> list[str]:
     """The --model values, or the embedded default model when none is given."""
-    from cdscope.models import EMBEDDED_NAME
-
     return model or [EMBEDDED_NAME]
 
 

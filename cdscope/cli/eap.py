@@ -29,14 +29,15 @@ from cdscope.cli.common import (
 )
 from cdscope.cli.params import COUNT_MAX, SEED_MAX
 from cdscope.messages import wrote
+from cdscope.resources import EMBEDDED_NAME
 
 
 @app.command("eap-info")
 @user_errors
 def eap_info(
     model: Annotated[
-        str, typer.Option("--model", "-m", help="Model (default: the embedded smollm2-135m).")
-    ] = "smollm2-135m",
+        str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
+    ] = EMBEDDED_NAME,
     baseline: Annotated[
         str | None,
         typer.Option(

@@ -34,6 +34,7 @@ from cdscope.cli.common import (
 from cdscope.cli.params import COUNT_MAX, SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.messages import VerbatimTable, wrote
+from cdscope.resources import EMBEDDED_NAME
 
 
 def parse_ks(text: str) -> list[int]:
@@ -173,7 +174,7 @@ def eval_command(
         typer.Option(
             "--model",
             "-m",
-            help="Model: hub id, local directory, .gguf, or 'smollm2-135m' (default). Repeat to "
+            help=f"Model: hub id, local directory, .gguf, or '{EMBEDDED_NAME}' (default). Repeat to "
             "compare models. With --audit and no --model, only the audit runs.",
         ),
     ] = None,

@@ -9,14 +9,15 @@ import typer
 
 from cdscope.cli.common import AttnOpt, DeviceOpt, DtypeOpt, app, out_console, user_errors
 from cdscope.messages import VerbatimTable
+from cdscope.resources import EMBEDDED_NAME
 
 
 @app.command()
 @user_errors
 def inspect(
     model: Annotated[
-        str, typer.Option("--model", "-m", help="Model (default: the embedded smollm2-135m).")
-    ] = "smollm2-135m",
+        str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
+    ] = EMBEDDED_NAME,
     as_json: Annotated[bool, typer.Option("--json", help="Print the layout as JSON.")] = False,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "auto",

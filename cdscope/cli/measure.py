@@ -38,6 +38,7 @@ from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.frames import ProbeSettings  # light (no torch): the probe defaults live there
 from cdscope.messages import wrote
+from cdscope.resources import EMBEDDED_NAME
 
 
 @app.command()
@@ -155,8 +156,8 @@ def _eps_list(text: str) -> list[float]:
 @user_errors
 def gradcheck(
     model: Annotated[
-        str, typer.Option("--model", "-m", help="Model (default: the embedded smollm2-135m).")
-    ] = "smollm2-135m",
+        str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
+    ] = EMBEDDED_NAME,
     seeds: SeedsOpt = 3,
     n: NOpt = 3,
     probe: ProbeOpt = None,

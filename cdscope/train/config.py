@@ -24,6 +24,7 @@ from typing import Any
 from cdscope.errors import CdscopeError
 from cdscope.finite import COUNT_MAX, SEED_MAX
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, ESTIMATORS
+from cdscope.resources import EMBEDDED_NAME
 
 REGULARIZERS = ("none", "cdrft")
 BACKENDS = ("hf", "trl")
@@ -42,7 +43,7 @@ class TrainConfig:
     Fields made with ``setting`` are the ``cdscope train`` options, in this order.
     """
 
-    model: str = setting("smollm2-135m", "--model", "Model to train.")
+    model: str = setting(EMBEDDED_NAME, "--model", "Model to train.")
     revision: str | None = setting(
         None, "--revision", "Hub branch, tag or commit of --model (recorded in the log)."
     )
@@ -201,7 +202,7 @@ def cli_fields() -> list[dataclasses.Field]:
 PRESETS: dict[str, dict[str, Any]] = {
     "reference": {},
     "cpu-smoke": {
-        "model": "smollm2-135m",
+        "model": EMBEDDED_NAME,
         "steps": 2,
         "prompts_per_step": 2,
         "group_size": 4,

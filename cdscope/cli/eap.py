@@ -30,6 +30,7 @@ from cdscope.cli.common import (
 from cdscope.cli.params import COUNT_MAX, SEED_MAX
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
+from cdscope.settings import EapSettings
 
 
 @app.command("eap-info")
@@ -48,19 +49,19 @@ def eap_info(
     family: Annotated[
         str,
         typer.Option("--family", "-f", help="Probe family whose prompts are answered and scored."),
-    ] = "math",
+    ] = EapSettings.family,
     n: Annotated[
         int,
         typer.Option(
             "--n", min=1, max=COUNT_MAX, help="Samples drawn from the family (seeded, SPEC §4)."
         ),
-    ] = 5,
+    ] = EapSettings.n,
     seed: Annotated[
         int,
         typer.Option(
             "--seed", min=0, max=SEED_MAX, help="Probe draw seed; also seeds the bootstrap."
         ),
-    ] = 0,
+    ] = EapSettings.seed,
     probe: ProbeOpt = None,
     out: Annotated[
         Path,
@@ -77,16 +78,16 @@ def eap_info(
             "--use-targets",
             help="Score the probe targets instead of the model's verified answers (answer_source = probe_target).",
         ),
-    ] = False,
+    ] = EapSettings.use_targets,
     max_tokens: Annotated[
         int,
         typer.Option(
             "--max-tokens", min=1, help="Skip (and count) samples whose prompt + answer is longer."
         ),
-    ] = 512,
+    ] = EapSettings.max_tokens,
     max_new_tokens: Annotated[
         int, typer.Option("--max-new-tokens", min=1, help="Greedy generation bound per answer.")
-    ] = 256,
+    ] = EapSettings.max_new_tokens,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -105,7 +106,7 @@ def eap_info(
     of the answer tokens. Reports means with bootstrap 95% intervals (B = 2000) and, with
     --baseline, paired differences model - baseline.
     """
-    from cdscope.commands.eap_info import EapSettings, run_eap_info, write_eap_outputs
+    from cdscope.commands.eap_info import run_eap_info, write_eap_outputs
     from cdscope.io import check_plot_path, check_writable
     from cdscope.probes import load_pool
     from cdscope.render import eap_summary_table

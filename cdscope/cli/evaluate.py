@@ -35,6 +35,7 @@ from cdscope.cli.params import COUNT_MAX, SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.messages import VerbatimTable, wrote
 from cdscope.resources import EMBEDDED_NAME
+from cdscope.settings import DEFAULT_MAX_NEW_TOKENS, EvalSettings
 
 
 def parse_ks(text: str) -> list[int]:
@@ -182,29 +183,35 @@ def eval_command(
         list[Path] | None,
         typer.Option("--tasks", help="Task JSONL file(s) (default: the shipped eval sets)."),
     ] = None,
-    n: Annotated[int, typer.Option("--n", min=1, max=COUNT_MAX, help="Samples per problem.")] = 4,
-    k: Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")] = "1",
+    n: Annotated[
+        int, typer.Option("--n", min=1, max=COUNT_MAX, help="Samples per problem.")
+    ] = EvalSettings.n,
+    k: Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")] = ",".join(
+        map(str, EvalSettings.ks)
+    ),
     temperature: Annotated[
         float,
         typer.Option(
             "--temperature", parser=finite(0, 100), help="Sampling temperature (0 = greedy)."
         ),
-    ] = 0.6,
+    ] = EvalSettings.temperature,
     top_p: Annotated[
         float,
         typer.Option("--top-p", parser=finite(0, 1, low_open=True), help="Nucleus sampling mass."),
-    ] = 1.0,
+    ] = EvalSettings.top_p,
     max_new_tokens: Annotated[
         str | None,
         typer.Option(
             "--max-new-tokens",
-            help="N for every domain, or DOMAIN=N,... [default: code=256, math=256, logic=192].",
+            help="N for every domain, or DOMAIN=N,... [default: "
+            + ", ".join(f"{d}={n}" for d, n in DEFAULT_MAX_NEW_TOKENS.items())
+            + "].",
         ),
     ] = None,
     seed: Annotated[
         int,
         typer.Option("--seed", min=0, max=SEED_MAX, help="Run seed (per problem: seed x id)."),
-    ] = 0,
+    ] = EvalSettings.seed,
     limit: Annotated[
         int | None, typer.Option("--limit", min=1, help="First N problems of each benchmark.")
     ] = None,
@@ -212,7 +219,9 @@ def eval_command(
         int | None,
         typer.Option("--batch-size", "-b", min=1, help="Rows per generate call [default: n]."),
     ] = None,
-    backend: Annotated[str, typer.Option("--backend", help="hf | vllm (if installed).")] = "hf",
+    backend: Annotated[
+        str, typer.Option("--backend", help="hf | vllm (if installed).")
+    ] = EvalSettings.backend,
     hard: Annotated[
         Path | None, typer.Option("--hard", help="File of task ids (one per line): hard subset.")
     ] = None,
@@ -237,10 +246,10 @@ def eval_command(
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", parser=finite(0.1, 3600), help="Seconds per code test.")
-    ] = 5.0,
+    ] = EvalSettings.timeout,
     workers: Annotated[
         int, typer.Option("--workers", min=1, max=256, help="Parallel code sandboxes.")
-    ] = 2,
+    ] = EvalSettings.workers,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
@@ -257,7 +266,7 @@ def eval_command(
     overall (mean of domains), plus the --hard subset. Writes OUT/samples.parquet (one
     row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
     """
-    from cdscope.commands.evaluate import EvalSettings, check_backend, evaluate, read_hard_ids
+    from cdscope.commands.evaluate import check_backend, evaluate, read_hard_ids
     from cdscope.io import check_plot_path, check_writable
     from cdscope.tasks import default_task_paths, load_tasks
 

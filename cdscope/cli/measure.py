@@ -39,6 +39,7 @@ from cdscope.errors import CdscopeError
 from cdscope.frames import ProbeSettings  # light (no torch): the probe defaults live there
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
+from cdscope.settings import GradcheckSettings
 
 
 @app.command()
@@ -158,13 +159,13 @@ def gradcheck(
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
     ] = EMBEDDED_NAME,
-    seeds: SeedsOpt = 3,
-    n: NOpt = 3,
+    seeds: SeedsOpt = len(GradcheckSettings.seeds),
+    n: NOpt = GradcheckSettings.n,
     probe: ProbeOpt = None,
-    template: TemplateOpt = "plain",
+    template: TemplateOpt = GradcheckSettings.template,
     eps: Annotated[
         str, typer.Option("--eps", help="Comma-separated gate steps to sweep.")
-    ] = "0.05,0.02,0.01,0.005,0.002,0.001",
+    ] = ",".join(f"{e:g}" for e in GradcheckSettings.eps),
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
         "results/gradcheck.parquet"
     ),
@@ -178,7 +179,7 @@ def gradcheck(
         typer.Option(
             "--richardson-sweep", help="Also sweep the Richardson proxy over every --eps."
         ),
-    ] = False,
+    ] = GradcheckSettings.richardson_sweep,
     batch_size: BatchOpt = None,
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
@@ -188,7 +189,7 @@ def gradcheck(
         typer.Option(
             "--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1."
         ),
-    ] = 0,
+    ] = GradcheckSettings.seeds[0],
     as_json: JsonOpt = False,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
@@ -207,22 +208,18 @@ def gradcheck(
     options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
     target = check_writable(out)
     pool = load_pool(probe)
-    frame = run_gradcheck(
-        model,
-        pool,
+    settings = GradcheckSettings(
         tuple(range(first_seed, first_seed + seeds)),
         n,
         template,
-        eps_values,
-        target,
-        device,
-        dtype,
-        attn,
-        err_console,
+        tuple(eps_values),
         richardson_sweep,
         batch_size,
-        options.placement,
     )
+    frame = run_gradcheck(
+        model_spec=model, pool=pool, settings=settings, out=target, options=options,
+        console=err_console,
+    )  # fmt: skip
     if as_json:
         print_json("gradcheck", {"rows": frame}, outputs={"gradcheck": str(target)})
     else:

@@ -46,6 +46,7 @@ from cdscope.messages import make_console, progress_bar
 from cdscope.models import LoadedModel
 from cdscope.models.adapters import position_limit
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
+from cdscope.settings import EapSettings
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
 from cdscope.tasks.answers import find_final_answer
 from cdscope.tasks.format import is_code_kind, probe_verifier_kind, task_from_probe_item
@@ -75,27 +76,6 @@ def verify(item: ProbeItem, completion: str) -> str | None:
     if found is None or not verify_task(task_from_probe_item(item), completion).passed:
         return None
     return found[1]
-
-
-@dataclass(frozen=True)
-class EapSettings:
-    """What defines an eap-info run."""
-
-    family: str = "math"
-    n: int = 5
-    seed: int = 0
-    use_targets: bool = False
-    max_tokens: int = 512
-    max_new_tokens: int = 256
-    batch_size: int | None = None
-    bootstrap: int = 2000
-
-    def __post_init__(self) -> None:
-        for name in ("n", "max_tokens", "max_new_tokens", "bootstrap"):
-            if getattr(self, name) < 1:
-                raise CdscopeError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
 
 
 @dataclass

@@ -18,7 +18,7 @@ import hashlib
 import importlib.util
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +34,9 @@ from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.passk import check_ks, summarize
 from cdscope.resume import resume_state
+from cdscope.settings import EvalSettings
 from cdscope.tasks.sandbox import require_sandbox_for
 
-DEFAULT_MAX_NEW_TOKENS = {"code": 256, "math": 256, "logic": 192}
-FALLBACK_MAX_NEW_TOKENS = 256
 SAMPLE_COLUMNS = [
     "model",
     "benchmark",
@@ -50,35 +49,6 @@ SAMPLE_COLUMNS = [
     "generated_tokens",
 ]
 WRITE_EVERY_S = 10.0
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """What decides the samples (compared on --resume) plus how the run is executed."""
-
-    n: int = 4
-    ks: tuple[int, ...] = (1,)
-    temperature: float = 0.6
-    top_p: float = 1.0
-    seed: int = 0
-    max_new_tokens: dict[str, int] = field(default_factory=dict)  # per-domain overrides
-    limit: int | None = None
-    batch_size: int | None = None
-    backend: str = "hf"
-    timeout: float = 5.0
-    workers: int = 2
-
-    def tokens_for(self, domain: str) -> int:
-        """Explicit DOMAIN=N, else '*' (one N for all), else the per-domain default."""
-        default = DEFAULT_MAX_NEW_TOKENS.get(domain, FALLBACK_MAX_NEW_TOKENS)
-        return self.max_new_tokens.get(domain, self.max_new_tokens.get("*", default))
-
-    def comparable(self) -> dict:
-        """The settings a resumed run must share with the file it extends."""
-        keep = ("n", "temperature", "top_p", "seed", "batch_size", "backend")
-        return {k: v for k, v in asdict(self).items() if k in keep} | {
-            "max_new_tokens": dict(sorted(self.max_new_tokens.items()))
-        }
 
 
 @dataclass

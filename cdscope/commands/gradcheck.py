@@ -8,7 +8,6 @@ by cosine and relative L2 error (SPEC §5). One row per (model, seed, estimator,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -18,14 +17,14 @@ from cdscope.batch import encode_probe
 from cdscope.commands.workflow import model_record
 from cdscope.distributed import single_process_only
 from cdscope.finite import NonFinite
-from cdscope.frames import describe_seeds
+from cdscope.frames import ModelOptions, describe_seeds
 from cdscope.gates import GatedModel
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.models import load_model
-from cdscope.models.placement import Placement, require_resident_weights
+from cdscope.models.placement import require_resident_weights
 from cdscope.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, exact_grad, fidelity, proxy_grad
+from cdscope.settings import GradcheckSettings
 
 COLUMNS = [
     "model",
@@ -42,29 +41,25 @@ COLUMNS = [
 
 
 def run_gradcheck(
+    *,
     model_spec: str,
     pool: ProbePool,
-    seeds: Sequence[int],
-    n: int,
-    template: str,
-    eps_list: Sequence[float],
+    settings: GradcheckSettings,
     out: Path,
-    device: str = "auto",
-    dtype: str = "auto",
-    attn: str = "eager",
+    options: ModelOptions = ModelOptions(attn="eager"),
     console: Console | None = None,
-    richardson_sweep: bool = False,
-    batch_size: int | None = None,
-    placement: Placement | None = None,
 ) -> pd.DataFrame:
+    """The sweep of the module docstring; rewrites ``out`` after every seed."""
     single_process_only("gradcheck")
     console = console or make_console()
-    loaded = load_model(model_spec, device, dtype, attn, console, placement)
+    seeds, n, template = settings.seeds, settings.n, settings.template
+    eps_list, batch_size = settings.eps, settings.batch_size
+    loaded = options.load(model_spec, console)
     require_resident_weights(loaded.model, "gradcheck")
     # rows per forward: one on CPU (no padding, least memory for the double backward)
     row_chunk = batch_size or (1 if loaded.device.type == "cpu" else None)
     variants = [("proxy", e) for e in eps_list]
-    if richardson_sweep:
+    if settings.richardson_sweep:
         variants += [("richardson", e) for e in eps_list]
     if (DEFAULT_ESTIMATOR, DEFAULT_EPS) not in variants:
         variants.append((DEFAULT_ESTIMATOR, DEFAULT_EPS))

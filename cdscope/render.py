@@ -315,3 +315,25 @@ def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict)
             )
         table.add_row(*cells)
     return table
+
+
+def _short_pair(pair: str, benchmark: str) -> str:
+    """'math/gcd/eval/0 ~ math/gcd/train/3' -> 'eval/0 ~ train/3' (benchmark prefix dropped)."""
+    return " ~ ".join(p.removeprefix(benchmark + "/") for p in pair.split(" ~ "))
+
+
+def contamination_table(frame: pd.DataFrame) -> Table:
+    """``eval --audit``: per benchmark and reference set, the eval items flagged."""
+    table = VerbatimTable(title="contamination audit: eval items flagged", title_justify="left")
+    heads = ["benchmark", "vs", "items", "exact", "normalised", "J>=0.5", "J>=0.8"]
+    heads += ["code items", "same asserts", "max J", "max J pair"]
+    for name in heads:
+        left = name in ("benchmark", "vs", "max J pair")
+        table.add_column(name, justify="left" if left else "right", no_wrap=name != "max J pair")
+    thresholds = [c for c in frame.columns if c.startswith("jaccard>=")]
+    for row in frame.to_dict("records"):
+        cells = [row["benchmark"], row["against"], row["items"], row["exact"], row["normalised"]]
+        cells += [row[c] for c in thresholds] + [row["code_items"], row["same_asserts"]]
+        cells += [f"{row['max_jaccard']:.3f}", _short_pair(row["max_pair"], row["benchmark"])]
+        table.add_row(*(str(c) for c in cells))
+    return table

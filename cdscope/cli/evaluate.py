@@ -146,27 +146,6 @@ def stats_table(stats: pd.DataFrame) -> Table:
     return table
 
 
-def _short_pair(pair: str, benchmark: str) -> str:
-    """'math/gcd/eval/0 ~ math/gcd/train/3' -> 'eval/0 ~ train/3' (benchmark prefix dropped)."""
-    return " ~ ".join(p.removeprefix(benchmark + "/") for p in pair.split(" ~ "))
-
-
-def audit_table(frame: pd.DataFrame) -> Table:
-    table = VerbatimTable(title="contamination audit: eval items flagged", title_justify="left")
-    heads = ["benchmark", "vs", "items", "exact", "normalised", "J>=0.5", "J>=0.8"]
-    heads += ["code items", "same asserts", "max J", "max J pair"]
-    for name in heads:
-        left = name in ("benchmark", "vs", "max J pair")
-        table.add_column(name, justify="left" if left else "right", no_wrap=name != "max J pair")
-    thresholds = [c for c in frame.columns if c.startswith("jaccard>=")]
-    for row in frame.to_dict("records"):
-        cells = [row["benchmark"], row["against"], row["items"], row["exact"], row["normalised"]]
-        cells += [row[c] for c in thresholds] + [row["code_items"], row["same_asserts"]]
-        cells += [f"{row['max_jaccard']:.3f}", _short_pair(row["max_pair"], row["benchmark"])]
-        table.add_row(*(str(c) for c in cells))
-    return table
-
-
 @app.command("eval")
 @user_errors
 def eval_command(
@@ -309,22 +288,13 @@ def eval_command(
     tables: dict[str, pd.DataFrame] = {}  # --json: one object with every table shown
     outputs: dict[str, str] = {}
     if audit:
-        from cdscope.contamination import audit as run_audit
-        from cdscope.contamination import items_from_tasks, reference_sets
-        from cdscope.io import run_metadata, write_parquet
+        from cdscope.commands.evaluate import contamination_audit
+        from cdscope.render import contamination_table
 
-        target = check_writable(out / "contamination.parquet")
-        frame = run_audit(items_from_tasks(loaded_tasks), reference_sets(audit_train, audit_probe))
+        frame, target = contamination_audit(loaded_tasks, task_paths, audit_train, audit_probe, out)
         tables["contamination"], outputs["contamination"] = frame, str(target)
         if not as_json:
-            out_console.print(audit_table(frame))
-        metadata = run_metadata(
-            "eval --audit",
-            task_files=[str(p) for p in task_paths],
-            train_files=[str(p) for p in audit_train or []] or "shipped",
-            probe_files=[str(p) for p in audit_probe or []] or "shipped",
-        )
-        write_parquet(frame, target, metadata)
+            out_console.print(contamination_table(frame))
         wrote(err_console, str(target))
     if not run_models:
         if as_json:

@@ -26,11 +26,11 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.commands.workflow import model_record
-from cdscope.contamination import benchmark_of
+from cdscope.contamination import audit, benchmark_of, items_from_tasks, reference_sets
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.frames import ModelOptions
-from cdscope.io import run_metadata, write_parquet
+from cdscope.io import check_writable, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.passk import check_ks, summarize
 from cdscope.resume import resume_state
@@ -98,6 +98,28 @@ def read_hard_ids(path: Path, tasks: Sequence) -> set[str]:
             f"(first: {unknown[0]!r}); use ids from the --tasks files"
         )
     return ids
+
+
+def contamination_audit(
+    tasks: Sequence,
+    task_paths: Sequence[Path],
+    train_paths: Sequence[Path] | None,
+    probe_paths: Sequence[Path] | None,
+    out_dir: Path,
+) -> tuple[pd.DataFrame, Path]:
+    """``eval --audit``: the eval ``tasks`` against the training tasks and probe pools
+    (shipped ones where no paths are given; ``cdscope.contamination``), written to
+    ``out_dir/contamination.parquet``; returns (frame, path)."""
+    target = check_writable(out_dir / "contamination.parquet")
+    frame = audit(items_from_tasks(tasks), reference_sets(train_paths, probe_paths))
+    metadata = run_metadata(
+        "eval --audit",
+        task_files=[str(p) for p in task_paths],
+        train_files=[str(p) for p in train_paths or []] or "shipped",
+        probe_files=[str(p) for p in probe_paths or []] or "shipped",
+    )
+    write_parquet(frame, target, metadata)
+    return frame, target
 
 
 def check_backend(backend: str) -> None:

@@ -46,14 +46,7 @@ from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
 from cdscope.tasks.format import Task
-from cdscope.train.run import (
-    LOG_NAME,
-    TrainInputs,
-    TrainResult,
-    reward_columns,
-    rewards_of,
-    save_final_model,
-)
+from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
 
 try:  # optional extra: pip install 'cdscope[trl]'
@@ -153,8 +146,7 @@ class RewardRecorder:
     ) -> list[float]:  # fmt: skip
         tasks: list[Task] = [self.inputs.tasks[int(i)] for i in task_index]
         texts = [c if isinstance(c, str) else str(c) for c in completions]
-        scores = rewards_of(self.inputs, tasks, texts)
-        self.last = reward_columns(tasks, scores, self.inputs.families)
+        scores, self.last = score(self.inputs, tasks, texts)
         return scores
 
 

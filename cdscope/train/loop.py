@@ -6,7 +6,7 @@ One step t (both arms identical except where marked):
    (``step_task_indices``: epoch e is the permutation ``default_rng([seed, e])``), so the
    order depends on (seed, t) only — the same for both arms and after ``--resume``;
 2. rollouts: ``generation.sample`` with G samples per prompt and seed (seed, t);
-3. rewards: ``train.run.rewards_of`` (the verifiers: passed -> 1.0 else 0.0);
+3. rewards: ``train.run.score`` (the verifiers: passed -> 1.0 else 0.0);
 4. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches; a
    non-finite loss stops the run;
 5. ``CDRFTStep.before_update``: the probe measurement B_shared / R at theta (both arms,
@@ -44,14 +44,7 @@ from cdscope.messages import make_console, progress_bar
 from cdscope.train.checkpoint import latest_checkpoint_path, load_checkpoint, save_checkpoint
 from cdscope.train.config import TrainConfig
 from cdscope.train.grpo import backbone_backward, group_advantages
-from cdscope.train.run import (
-    LOG_NAME,
-    TrainInputs,
-    TrainResult,
-    reward_columns,
-    rewards_of,
-    save_final_model,
-)
+from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
 
 #: settings that must match the checkpoint for ``--resume`` to continue the same run
@@ -192,7 +185,7 @@ def _one_step(
     if not torch.equal(rollouts.prompt_index, expected):  # groups must be consecutive rows
         raise RuntimeError("generation.sample returned rows that are not grouped by prompt")
     answered = [chosen[int(i)] for i in rollouts.prompt_index]
-    scores = rewards_of(inputs, answered, rollouts.texts)
+    scores, reward_columns = score(inputs, answered, rollouts.texts)
     rollout_s = time.perf_counter() - began
 
     status("backbone")
@@ -223,7 +216,7 @@ def _one_step(
     cd.after_update(step + 1, status)
     return {
         "step": step + 1,
-        **reward_columns(answered, scores, inputs.families),
+        **reward_columns,
         "loss": stats.loss,
         "kl": stats.kl,
         "grad_norm_backbone": grad_norm,

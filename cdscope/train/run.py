@@ -3,9 +3,9 @@ rewards, the per-step reward columns and the final-model folder.
 
 * ``TrainInputs`` / ``TrainResult`` -- a prepared run (``commands.train.prepare``) and
   what a backend hands back;
-* ``rewards_of`` -- the step's rewards: the caller's ``reward_fn`` or the shared verifiers
-  (``verifier_rewards``: passed -> 1.0, else 0.0; code only in the sandbox);
-* ``reward_columns`` -- ``reward`` and ``reward_<family>`` of the per-step log;
+* ``score`` -- the step's rewards (the caller's ``reward_fn`` or the shared verifiers,
+  ``verifier_rewards``: passed -> 1.0, else 0.0; code only in the sandbox) and the
+  ``reward`` / ``reward_<family>`` columns of the per-step log;
 * ``save_final_model`` -- ``OUT/final`` as a Hugging Face folder, written atomically.
 
 The hf loop (``train.loop``) and the TRL callback (``integrations.trl``) both import
@@ -67,26 +67,22 @@ def verifier_rewards(
     return [1.0 if v.passed else 0.0 for v in verdicts]
 
 
-def rewards_of(
+def score(
     inputs: TrainInputs, tasks: Sequence[Task], completions: Sequence[str]
-) -> list[float]:
-    """The reward of each completion of its task: ``inputs.reward_fn`` or the verifiers."""
+) -> tuple[list[float], dict[str, float]]:
+    """Each completion's reward (``inputs.reward_fn``, else the verifiers) and the step's
+    reward columns: ``reward``, the mean over the completions, and ``reward_<family>``,
+    the mean over that family's completions (NaN when the step drew none), in float64."""
     if inputs.reward_fn is not None:
-        return [float(s) for s in inputs.reward_fn(tasks, completions)]
-    cfg = inputs.cfg
-    return verifier_rewards(tasks, completions, cfg.verify_timeout, cfg.verify_workers)
-
-
-def reward_columns(
-    tasks: Sequence[Task], scores: Sequence[float], families: Sequence[str]
-) -> dict[str, float]:
-    """``reward`` (mean over the step's completions) and ``reward_<family>`` (the mean over
-    that family's completions; NaN when the step drew none), in float64."""
-    row = {"reward": sum(scores) / len(scores)}
-    for family in families:
+        scores = [float(s) for s in inputs.reward_fn(tasks, completions)]
+    else:
+        cfg = inputs.cfg
+        scores = verifier_rewards(tasks, completions, cfg.verify_timeout, cfg.verify_workers)
+    columns = {"reward": sum(scores) / len(scores)}
+    for family in inputs.families:
         picked = [s for t, s in zip(tasks, scores, strict=True) if t.family == family]
-        row[f"reward_{family}"] = sum(picked) / len(picked) if picked else math.nan
-    return row
+        columns[f"reward_{family}"] = sum(picked) / len(picked) if picked else math.nan
+    return scores, columns
 
 
 def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path:

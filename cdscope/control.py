@@ -38,7 +38,7 @@ from torch import nn
 
 from cdscope.batch import ProbeBatch
 from cdscope.finite import require_finite
-from cdscope.gates import GatedModel, GateSet
+from cdscope.gates import GatedModel, GateSet, gate_dtype
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.placement import execution_device
 
@@ -152,10 +152,10 @@ def control_autograd(
     row_logp = torch.zeros(batch.B, dtype=torch.float64)
     row_grad = torch.zeros(batch.B, K, dtype=torch.float64)
     row_F = torch.zeros(batch.B, K, dtype=torch.float64)
-    gate_dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+    dtype = gate_dtype(next(model.parameters()).dtype)
     with frozen_parameters(model):
         for rows in row_chunks(batch.B, batch_size, batch.lengths):
-            gates = torch.ones(len(rows), K, device=device, dtype=gate_dtype, requires_grad=True)
+            gates = torch.ones(len(rows), K, device=device, dtype=dtype, requires_grad=True)
             with gm.gating(gates, capture_norms=True) as capture:
                 logp = row_target_logprobs(model, batch, rows)
             objective = (logp.double() * weights[rows].to(logp.device)).sum()
@@ -228,11 +228,10 @@ def control_finite_difference(
         raise ValueError(f"order must be one of {sorted(STENCILS)}, got {order}")
     offsets, weights = STENCILS[order]
     K, B = gm.gate_set.K, batch.B  # noqa: N806
-    model_dtype = next(gm.model.parameters()).dtype
-    gate_dtype = torch.float64 if model_dtype == torch.float64 else torch.float32
+    dtype = gate_dtype(next(gm.model.parameters()).dtype)
     columns = torch.arange(K) if gates is None else torch.as_tensor(list(gates), dtype=torch.long)
     P, J = len(offsets), len(columns)  # noqa: N806
-    settings = torch.ones(P, J, K, dtype=gate_dtype)  # [offset, perturbed gate, gate]
+    settings = torch.ones(P, J, K, dtype=dtype)  # [offset, perturbed gate, gate]
     for p, offset in enumerate(offsets):
         settings[p, torch.arange(J), columns] += offset * step
     virtual = settings.reshape(P * J, K).repeat_interleave(B, dim=0)  # setting s, row b at s*B + b
@@ -250,7 +249,7 @@ def control_finite_difference(
     with torch.no_grad():
         for rows in row_chunks(B, batch_size, batch.lengths):
             with gm.gating(
-                torch.ones(len(rows), K, device=device, dtype=gate_dtype), capture_norms=True
+                torch.ones(len(rows), K, device=device, dtype=dtype), capture_norms=True
             ) as cap:
                 row_logp[rows] = row_target_logprobs(gm.model, batch, rows).double().cpu()
             row_F[rows] = (

@@ -40,6 +40,13 @@ from torch.utils.hooks import RemovableHandle
 from cdscope.models.adapters import Architecture, architecture_of
 
 
+def gate_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype gate tensors are built in: float64 for a float64 model, else float32
+    (never bf16 / fp16: gate gradients and small gate steps need fp32 resolution; the
+    hooks cast to the model's dtype at the multiplication)."""
+    return torch.float64 if model_dtype == torch.float64 else torch.float32
+
+
 @dataclass(frozen=True)
 class GateUnit:
     """One gate: its column ``index`` in ``[B, K]`` and what it multiplies."""

@@ -176,3 +176,29 @@ def test_completions_that_do_not_split_over_processes_are_refused() -> None:
 
     with pytest.raises(CdscopeError, match="cannot be split over 3 processes"):
         per_rank_batches(32, 4, 3)
+
+
+def test_a_diverging_step_stops_the_trl_run_naming_its_last_checkpoint(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The shared step's finite check, reached from TRL's hook: one line, TRL's checkpoint."""
+    from cdscope.errors import CdscopeError
+    from cdscope.train.step import CDRFTStep
+
+    files = {
+        "tasks": write_tasks_file(tmp_path / "tasks.jsonl"),
+        "pool": write_pool(tmp_path / "pool.jsonl", {"math": 4, "code": 4, "logic": 4}),
+    }
+    cfg = config(files, tmp_path / "run", steps=3, save_every=1, micro_batch_size=6)
+    real = CDRFTStep.before_update
+
+    def poisoned(self, step, *args, **kwargs):
+        if step == 2:  # a NaN backbone gradient at step 2
+            next(p for p in self.params if p.grad is not None).grad.fill_(float("nan"))
+        return real(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(CDRFTStep, "before_update", poisoned)
+    inputs = prepare(cfg, None, tiny_model("llama", "sdpa"), byte_tokenizer(), parity_reward)
+    with pytest.raises(CdscopeError, match=r"diverged at step 2: the gradient .*checkpoint-1\b"):
+        train_with_trl(inputs)
+    assert list(pd.read_parquet(Path(cfg.out_dir) / "log.parquet")["step"]) == [1]

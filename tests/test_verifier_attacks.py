@@ -21,7 +21,7 @@ from cdscope.errors import CdscopeError
 from cdscope.tasks import Task, load_tasks, verify, verify_many
 from cdscope.tasks import sandbox as sb
 from cdscope.tasks.format import default_task_paths
-from cdscope.train.loop import verifier_rewards
+from cdscope.train.run import verifier_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_CODE_TASKS = next(p for p in default_task_paths("eval") if p.name == "code.jsonl")

@@ -33,7 +33,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from cdscope.batch import encode_probe, prompt_ids
+from cdscope.batch import encode_probe, prompt_ids, rows_per_forward
 from cdscope.commands.workflow import model_record
 from cdscope.distributed import single_process_only
 from cdscope.eap import STATISTICS, EdgeScores, eap_plan, edge_scores, edge_statistics
@@ -291,8 +291,7 @@ def run_eap_info(
         common = [it.id for it in items if all(it.id in a.items for a in answers)]
         if not common:
             raise _no_samples_error(settings.family, list(zip(specs, answers, strict=True)))
-        # the shared --batch-size default: one row per pass on CPU, the whole draw on GPU
-        batch_size = settings.batch_size or (1 if loaded[0].device.type == "cpu" else None)
+        batch_size = rows_per_forward(settings.batch_size, loaded[0].device)
         frames, edges = [], []
         for spec, lm, ans in zip(specs, loaded, answers, strict=True):
             task = progress.add_task(f"edge scores ({spec})", total=None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from cdscope.batch import encode_probe
+from cdscope.batch import encode_probe, rows_per_forward
 from cdscope.commands.workflow import model_record
 from cdscope.distributed import single_process_only
 from cdscope.finite import NonFinite
@@ -56,8 +56,7 @@ def run_gradcheck(
     eps_list, batch_size = settings.eps, settings.batch_size
     loaded = options.load(model_spec, console)
     require_resident_weights(loaded.model, "gradcheck")
-    # rows per forward: one on CPU (no padding, least memory for the double backward)
-    row_chunk = batch_size or (1 if loaded.device.type == "cpu" else None)
+    row_chunk = rows_per_forward(batch_size, loaded.device)
     variants = [("proxy", e) for e in eps_list]
     if settings.richardson_sweep:
         variants += [("richardson", e) for e in eps_list]

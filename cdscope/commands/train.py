@@ -24,7 +24,8 @@ from cdscope.messages import make_console
 from cdscope.probes import load_pool
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
 from cdscope.train.config import TrainConfig
-from cdscope.train.loop import LOG_NAME, TrainInputs, TrainResult, train
+from cdscope.train.loop import train
+from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult
 
 
 def load_training_tasks(cfg: TrainConfig) -> list[Task]:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from cdscope.batch import encode_probe
+from cdscope.batch import encode_probe, rows_per_forward
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
 from cdscope.finite import NonFinite
 from cdscope.frames import ModelOptions, ProbeSettings, describe_seeds
@@ -37,7 +37,7 @@ def measure(
     )
     # CPU default: one row per forward (no padding; measured ~30% faster than one padded
     # batch on the embedded model). GPU default: the whole probe in one batch.
-    batch_size = settings.batch_size or (1 if loaded.device.type == "cpu" else None)
+    batch_size = rows_per_forward(settings.batch_size, loaded.device)
     try:
         if settings.estimator == "autograd":
             return control_autograd(gm, batch, batch_size)

@@ -3,25 +3,26 @@
 The backbone is TRL's: its rollouts, its GRPO loss (``loss_type="dapo"``: the mean over
 every completion token of the generation batch, the same normalisation as
 ``cdscope.train.grpo``), its gradient accumulation. CD-RFT enters through the narrowest
-public hook, a ``TrainerCallback``:
+public hook, a ``TrainerCallback`` that drives the same ``cdscope.train.step.CDRFTStep``
+as the hf loop, in the same order:
 
 * ``on_pre_optimizer_step`` — called once per optimizer step, after every micro-batch's
   backward has accumulated (and after TRL's gradient clipping, which so acts on the
-  backbone gradient only, as in the hf loop): B_shared / R on the probe (carried over
-  from the previous step's closing measurement, at the same theta) and
-  lambda * grad R(C(theta)) is added to ``.grad`` — once per optimizer step, never once
-  per micro-batch, so gradient accumulation does not rescale it;
-* ``on_optimizer_step`` — right after ``optimizer.step()``: the projection loop
-  (``cdscope.train.cdrft.project``) while B_shared > tau and fewer than K_max iterations;
-* ``on_log`` — merges TRL's per-step metrics (reward, loss, KL) with the probe
-  measurements into ``OUT/log.parquet`` (atomic writes).
+  backbone gradient only, as in the hf loop): ``CDRFTStep.before_update`` (the probe
+  measurement, carried over from the previous step; lambda * grad R(C(theta)) added to
+  ``.grad``; the finite check) — once per optimizer step, never once per micro-batch, so
+  gradient accumulation does not rescale it;
+* ``on_optimizer_step`` — right after ``optimizer.step()``: ``CDRFTStep.after_update``
+  (the projection loop while B_shared > tau and fewer than K_max iterations);
+* ``on_log`` — TRL's per-step metrics (loss, KL, gradient norm) and the reward columns
+  with ``CDRFTStep.log_fields`` into ``OUT/log.parquet`` (atomic writes).
 
-Under DDP (torchrun / accelerate launch) every rank holds the full parameters, the same
-probe and, after the backward, the all-reduced mean backbone gradient; each computes the
-same regulariser gradient and rank 0's copy is broadcast (as are rank 0's projected
-weights), so lambda grad R enters once per optimizer step, not once per rank (tested:
-2 CPU ranks equal 1 process, ``tests/test_trl_ddp.py``). FSDP and DeepSpeed are refused
-with one line (``refuse_sharded_engines``): see docs/distributed.md.
+``tests/test_cdrft_parity.py`` checks that one step through TRL and one through the hf
+loop, from the same weights on the same rollouts, give the same parameters. Under DDP
+(torchrun / accelerate launch) the step object broadcasts rank 0's lambda grad R and
+projected weights, so the regulariser enters once per optimizer step, not once per rank
+(tested: 2 CPU ranks equal 1 process, ``tests/test_trl_ddp.py``). FSDP and DeepSpeed are
+refused with one line (``refuse_sharded_engines``): see docs/distributed.md.
 
 Differences from the hf loop, by design of TRL: the data order is TRL's seeded sampler,
 TRL scores log-probs of temperature-scaled logits, and checkpoints / ``--resume`` use
@@ -45,22 +46,8 @@ from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
 from cdscope.tasks.format import Task
-from cdscope.train.cdrft import (
-    ProbeMeasure,
-    ProjectionResult,
-    add_regularizer_grad,
-    finite_params,
-    measure,
-    probe_rows_per_forward,
-    project,
-)
-from cdscope.train.loop import (
-    LOG_NAME,
-    TrainInputs,
-    TrainResult,
-    save_final_model,
-    verifier_rewards,
-)
+from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
+from cdscope.train.step import CDRFTStep
 
 try:  # optional extra: pip install 'cdscope[trl]'
     from transformers import PrinterCallback, TrainerCallback
@@ -78,24 +65,26 @@ def require_trl() -> None:
 
 
 class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
-    """Adds the CD-RFT step (SPEC §5 steps 2 and 4) to any Trainer's optimizer steps."""
+    """Drives the run's ``CDRFTStep`` (SPEC §5 steps 2-4) from a Trainer's optimizer steps."""
 
     def __init__(
         self, inputs: TrainInputs, gm: GatedModel, rewards: RewardRecorder, resume: bool = False
     ) -> None:
-        self.inputs, self.gm, self.rewards = inputs, gm, rewards
-        self.params = [p for p in inputs.model.parameters() if p.requires_grad]
-        self.probe_bs = probe_rows_per_forward(inputs.cfg.probe_batch_size, inputs.model)
+        self.inputs, self.rewards = inputs, rewards
+        params = [p for p in inputs.model.parameters() if p.requires_grad]
+        trl_dir = Path(inputs.cfg.out_dir) / "trl"
+        self.cdrft = CDRFTStep(
+            inputs.cfg, gm, inputs.probe, params, lambda: last_checkpoint(trl_dir)
+        )
         log_path = Path(inputs.cfg.out_dir) / LOG_NAME
         # on --resume the log keeps the rows of the steps the checkpoint already holds
         self.rows: list[dict[str, Any]] = (
             read_parquet(log_path)[0].to_dict("records") if resume and log_path.is_file() else []
         )
-        self.pending: dict[str, Any] = {}
+        self.pending: int | None = None  # the step whose row waits for TRL's metrics
         self.resumed_from: int | None = None
-        # the closing measurement of a step is at the theta the next one opens with
-        # (rollouts and backward passes do not move it), as in the hf loop
-        self.carried: ProbeMeasure | None = None
+        self.began = time.perf_counter()
+        self.step_s = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # the Trainer has loaded the checkpoint's state by now: drop rows of later steps
@@ -108,72 +97,24 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         self.began = time.perf_counter()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        cfg, probe = self.inputs.cfg, self.inputs.probe
-        t = time.perf_counter()
-        before = self.carried or measure(self.gm, probe, self.probe_bs)
-        self.pending = {"b_shared_before": before.b_shared, "r_before": before.R}
-        self.pending["measure_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        reg_R = float("nan")  # noqa: N806
-        if cfg.regularizer == "cdrft" and cfg.lam > 0:
-            reg_R = add_regularizer_grad(  # noqa: N806
-                self.gm,
-                probe,
-                self.params,
-                cfg.lam,
-                cfg.estimator,
-                cfg.eps,
-                self.probe_bs,
-                at=before,
-            ).R
-            # every rank computed the same lambda grad R on the same probe and weights; rank
-            # 0's copy is made everyone's, so kernels that are not bit-deterministic (CUDA
-            # atomics) cannot let the replicas drift. The backbone part is already the
-            # all-reduced mean, so the regulariser is counted once, not once per rank.
-            _same_on_every_rank([p.grad for p in self.params if p.grad is not None])
-        self.pending.update(r_regularizer=reg_R, regularizer_s=time.perf_counter() - t)
-        if not finite_params(self.params):
-            raise CdscopeError(
-                f"training diverged at step {state.global_step + 1}: the gradient is not finite; "
-                "stopped before applying it; lower --lr and resume from the last checkpoint"
-            )
+        self.cdrft.before_update(state.global_step + 1)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        cfg, probe = self.inputs.cfg, self.inputs.probe
-        t = time.perf_counter()
-        after = measure(self.gm, probe, self.probe_bs)
-        self.pending["measure_s"] += time.perf_counter() - t
-        if cfg.regularizer == "cdrft":
-            proj = project(
-                self.gm, probe, self.params, cfg.tau, cfg.k_max, cfg.eta_proj, cfg.estimator,
-                cfg.eps, self.probe_bs, start=after,
-            )  # fmt: skip
-        else:
-            proj = ProjectionResult(0, after, after, 0.0)
-        if _world_size() > 1 and _from_rank_zero(proj.iterations):
-            _same_on_every_rank([p.data for p in self.params])  # rank 0's projected weights
-        self.carried = proj.after
-        self.pending.update(
-            step=state.global_step + 1,
-            b_shared_after_update=after.b_shared,
-            b_shared_after=proj.after.b_shared,
-            r_after=proj.after.R,
-            proj_iters=proj.iterations,
-            projection_s=proj.seconds,
-            step_s=time.perf_counter() - getattr(self, "began", time.perf_counter()),
-        )
+        self.cdrft.after_update(state.global_step + 1)
+        self.pending = state.global_step + 1
+        self.step_s = time.perf_counter() - self.began
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
     ) -> None:
-        if not self.pending or logs is None or "loss" not in logs:
+        if self.pending is None or logs is None or "loss" not in logs:
             return
-        row = {"step": self.pending["step"], **self.rewards.last}
+        row = {"step": self.pending, **self.rewards.last}
         row.update(loss=float(logs["loss"]), kl=float(logs.get("kl", 0.0)))
         row.update(grad_norm_backbone=float(logs.get("grad_norm", math.nan)))
-        row.update({k: v for k, v in self.pending.items() if k != "step"})
+        row.update(self.cdrft.log_fields(), step_s=self.step_s)
         self.rows.append(row)
-        self.pending = {}
+        self.pending = None
         if state.is_world_process_zero:  # every rank holds the same rows; one writes them
             write_parquet(
                 pd.DataFrame(self.rows),
@@ -182,42 +123,16 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
             )
 
 
-def _world_size() -> int:
-    import torch.distributed as dist
+def last_checkpoint(trl_dir: Path) -> Path | None:
+    """TRL's newest ``checkpoint-N`` folder under ``trl_dir`` (None before the first)."""
+    from transformers.trainer_utils import get_last_checkpoint
 
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _from_rank_zero(value: int) -> int:
-    """Rank 0's ``value`` on every rank (one collective, called by every rank)."""
-    import torch
-    import torch.distributed as dist
-
-    box = torch.tensor([value], dtype=torch.long, device=_collective_device())
-    dist.broadcast(box, src=0)
-    return int(box.item())
-
-
-def _collective_device() -> Any:
-    import torch
-    import torch.distributed as dist
-
-    return (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    )
-
-
-def _same_on_every_rank(tensors: list) -> None:
-    """Overwrite ``tensors`` (same shapes on every rank) with rank 0's values, in place."""
-    import torch.distributed as dist
-
-    if _world_size() > 1:
-        for tensor in tensors:
-            dist.broadcast(tensor, src=0)
+    found = get_last_checkpoint(str(trl_dir)) if trl_dir.is_dir() else None
+    return Path(found) if found else None
 
 
 class RewardRecorder:
-    """TRL reward function from the shared verifiers; remembers per-family means for the log."""
+    """TRL reward function from the shared rewards; remembers the reward columns for the log."""
 
     __name__ = "verifier"
 
@@ -231,15 +146,7 @@ class RewardRecorder:
     ) -> list[float]:  # fmt: skip
         tasks: list[Task] = [self.inputs.tasks[int(i)] for i in task_index]
         texts = [c if isinstance(c, str) else str(c) for c in completions]
-        cfg = self.inputs.cfg
-        if self.inputs.reward_fn is not None:
-            scores = list(self.inputs.reward_fn(tasks, texts))
-        else:
-            scores = verifier_rewards(tasks, texts, cfg.verify_timeout, cfg.verify_workers)
-        self.last = {"reward": sum(scores) / len(scores)}
-        for family in self.inputs.families:
-            picked = [s for t, s in zip(tasks, scores, strict=True) if t.family == family]
-            self.last[f"reward_{family}"] = sum(picked) / len(picked) if picked else math.nan
+        scores, self.last = score(self.inputs, tasks, texts)
         return scores
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from cdscope.errors import CdscopeError
+from cdscope.gates import gate_dtype
 from cdscope.models import discovery as d
 
 
@@ -69,8 +70,7 @@ def _gated_forward(gm, ids: torch.Tensor, value: float, writes: list) -> tuple: 
         handles.append(block.register_forward_hook(block_hook(i), with_kwargs=True))
     for k, module in enumerate(writes):  # registered after the gate hooks: sees gated output
         handles.append(module.register_forward_hook(write_hook(k)))
-    model_dtype = next(model.parameters()).dtype
-    dtype = torch.float64 if model_dtype == torch.float64 else torch.float32
+    dtype = gate_dtype(next(model.parameters()).dtype)
     try:
         with gm.gating(torch.full((1, arch.K), value, dtype=dtype, device=ids.device)):
             logits = d.run_probe(model, ids)

@@ -15,7 +15,9 @@ On a fixed probe (drawn once from the run's seed, identical for both arms):
 Every measurement is the regulariser's first pass at the same theta (C̄ and l_m), so
 it is handed over rather than computed twice.
 
-Nothing here re-derives C, W or the proxy: it composes the library's estimators.
+Nothing here re-derives C, W or the proxy: it composes the library's estimators. The
+order these run in within an optimizer step, the carried measurement, the finite checks
+and the log columns belong to ``train.step.CDRFTStep``, which both backends drive.
 """
 
 from __future__ import annotations
@@ -74,14 +76,6 @@ def build_probe(
     pad_id = getattr(tokenizer, "pad_token_id", None) or 0
     batch = encode_probe(draw_probe(pool, seed, n, families), tokenizer, template, pad_id=pad_id)
     return batch.to(torch.device(device))
-
-
-def probe_rows_per_forward(requested: int | None, model: nn.Module) -> int | None:
-    """Probe rows per forward: as requested, else one on CPU (no padding: a third of the
-    embedded model's padded probe is padding) and the whole probe on an accelerator."""
-    if requested is not None:
-        return requested
-    return 1 if next(model.parameters()).device.type == "cpu" else None
 
 
 def measure(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ProbeMeasure:

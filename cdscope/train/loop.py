@@ -1,4 +1,4 @@
-"""The training loop: GRPO backbone + optional CD-RFT, one row of log per step (SPEC §5).
+"""The hf training loop: GRPO backbone + optional CD-RFT, one row of log per step (SPEC §5).
 
 One step t (both arms identical except where marked):
 
@@ -6,25 +6,28 @@ One step t (both arms identical except where marked):
    (``step_task_indices``: epoch e is the permutation ``default_rng([seed, e])``), so the
    order depends on (seed, t) only — the same for both arms and after ``--resume``;
 2. rollouts: ``generation.sample`` with G samples per prompt and seed (seed, t);
-3. rewards: ``tasks.verifiers.verify_many``, passed -> 1.0 else 0.0;
-4. probe measurement B_shared / R before the step (both arms, logged; carried over from
-   the previous step's closing measurement, which is at the same theta);
-5. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches;
-6. [cdrft] lambda * grad R(C(theta)) on the probe added to the gradient;
-7. a diverging step (non-finite loss or gradient) stops the run before the update;
-8. AdamW step, cosine LR schedule step;
-9. probe measurement after the update; [cdrft] the projection loop while
-   B_shared > tau and fewer than K_max iterations (``cdrft.project``);
-10. the log row, written atomically to ``OUT/log.parquet``; a checkpoint every
-    ``save_every`` steps and at the end.
+3. rewards: ``train.run.score`` (the verifiers: passed -> 1.0 else 0.0);
+4. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches; a
+   non-finite loss stops the run;
+5. ``CDRFTStep.before_update``: the probe measurement B_shared / R at theta (both arms,
+   logged; carried over from the previous step's closing measurement), [cdrft]
+   lambda * grad R(C(theta)) added to the gradient, a non-finite gradient stops the run
+   before the update;
+6. AdamW step, cosine LR schedule step;
+7. ``CDRFTStep.after_update``: the probe measurement after the update; [cdrft] the
+   projection loop while B_shared > tau and fewer than K_max iterations;
+8. the log row (``CDRFTStep.log_fields`` + the backbone's columns), written atomically
+   to ``OUT/log.parquet``; a checkpoint every ``save_every`` steps and at the end.
+
+Steps 5 and 7 are the same object the TRL backend's callback drives
+(``integrations.trl``); ``tests/test_cdrft_parity.py`` checks both take the same step.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,30 +35,18 @@ import numpy as np
 import pandas as pd
 import torch
 from rich.console import Console
-from torch import nn
 
-from cdscope.batch import ProbeBatch
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.generation import sample
 from cdscope.io import write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.tasks.format import Task
-from cdscope.tasks.verifiers import verify_many
-from cdscope.train.cdrft import (
-    ProbeMeasure,
-    ProjectionResult,
-    add_regularizer_grad,
-    finite_params,
-    measure,
-    probe_rows_per_forward,
-    project,
-)
 from cdscope.train.checkpoint import latest_checkpoint_path, load_checkpoint, save_checkpoint
 from cdscope.train.config import TrainConfig
 from cdscope.train.grpo import backbone_backward, group_advantages
+from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
+from cdscope.train.step import CDRFTStep
 
-LOG_NAME = "log.parquet"
 #: settings that must match the checkpoint for ``--resume`` to continue the same run
 RESUME_FIXED = (
     "model", "steps", "prompts_per_step", "group_size", "max_new_tokens", "temperature",
@@ -92,56 +83,6 @@ def cosine_schedule(
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-@dataclass
-class TrainResult:
-    out_dir: Path
-    log: pd.DataFrame
-    steps_done: int
-    resumed_from: int | None
-    final_dir: Path | None
-
-
-@dataclass
-class TrainInputs:
-    """Everything a run needs, prepared and validated by ``commands.train``."""
-
-    cfg: TrainConfig
-    model: nn.Module
-    tokenizer: Any
-    tasks: Sequence[Task]
-    families: list[str]  # training families, sorted (reward columns)
-    probe: ProbeBatch
-    metadata: dict[str, Any]
-    ref_model: nn.Module | None = None
-    #: (tasks, completions) -> rewards; default: the shared verifiers (passed -> 1.0)
-    reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None
-
-
-def verifier_rewards(
-    tasks: Sequence[Task], completions: Sequence[str], timeout: float = 5.0, workers: int = 2
-) -> list[float]:
-    """1.0 for every completion its task's verifier passes, else 0.0 (code: sandboxed)."""
-    verdicts = verify_many(tasks, completions, timeout=timeout, workers=workers)
-    return [1.0 if v.passed else 0.0 for v in verdicts]
-
-
-def _diverged(step: int, what: str, out_dir: Path) -> CdscopeError:
-    kept = latest_checkpoint_path(out_dir)
-    where = f"the last good checkpoint is {kept}" if kept else "no checkpoint was written yet"
-    return CdscopeError(
-        f"training diverged at step {step}: {what} is not finite (NaN/inf); stopped before "
-        f"applying it; {where}; lower --lr (or --lambda / --eta-proj) and rerun"
-    )
-
-
-def _reward_row(tasks: Sequence[Task], rewards: torch.Tensor, families: list[str]) -> dict:
-    row: dict[str, float] = {"reward": float(rewards.mean())}
-    for family in families:
-        picked = [float(r) for t, r in zip(tasks, rewards, strict=True) if t.family == family]
-        row[f"reward_{family}"] = float(np.mean(picked)) if picked else float("nan")
-    return row
 
 
 def train(
@@ -181,12 +122,8 @@ def train(
             "or choose another --out-dir"
         )
     end_step = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
-    cdrft = cfg.regularizer == "cdrft"
-    probe_bs = probe_rows_per_forward(cfg.probe_batch_size, model)
-    # C on the probe after step t is C before step t+1 (rollouts do not move theta), so
-    # each step's closing measurement is carried over instead of being recomputed.
-    carried: ProbeMeasure | None = None
     with GatedModel(model) as gm, progress_bar(console, "live") as progress:
+        cd = CDRFTStep(cfg, gm, inputs.probe, params, lambda: latest_checkpoint_path(out_dir))
         bar = progress.add_task(
             f"train {cfg.regularizer}", total=cfg.steps, completed=start_step, live=""
         )
@@ -197,9 +134,7 @@ def train(
                     bar, description=f"train {cfg.regularizer} step {step + 1}: {phase}"
                 )
 
-            row, carried = _one_step(
-                inputs, gm, params, optimizer, scheduler, step, cdrft, probe_bs, carried, status
-            )
+            row = _one_step(inputs, cd, optimizer, scheduler, step, status)
             log_rows.append(row)
             write_parquet(pd.DataFrame(log_rows), out_dir / LOG_NAME, inputs.metadata)
             done = step + 1
@@ -220,20 +155,15 @@ def train(
 
 def _one_step(
     inputs: TrainInputs,
-    gm: GatedModel,
-    params: list[nn.Parameter],
+    cd: CDRFTStep,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LambdaLR,
     step: int,
-    cdrft: bool,
-    probe_bs: int | None,
-    before: ProbeMeasure | None = None,
-    status: Callable[[str], None] = lambda phase: None,
-) -> tuple[dict[str, Any], ProbeMeasure]:
-    """One optimizer step; ``before`` is the probe measurement at the current theta when
-    the previous step already made it. Returns the log row and the closing measurement."""
-    cfg, model, probe = inputs.cfg, inputs.model, inputs.probe
-    out_dir = Path(cfg.out_dir)
+    status: Callable[[str], None],
+) -> dict[str, Any]:
+    """One optimizer step (0-based ``step``): rollouts, rewards, the GRPO backward, then
+    the CD-RFT step around AdamW (``cd``). Returns the step's log row."""
+    cfg, model = inputs.cfg, inputs.model
     began = time.perf_counter()
     status("rollouts")
     chosen = [
@@ -255,18 +185,8 @@ def _one_step(
     if not torch.equal(rollouts.prompt_index, expected):  # groups must be consecutive rows
         raise RuntimeError("generation.sample returned rows that are not grouped by prompt")
     answered = [chosen[int(i)] for i in rollouts.prompt_index]
-    if inputs.reward_fn is not None:
-        scores = inputs.reward_fn(answered, rollouts.texts)
-    else:
-        scores = verifier_rewards(answered, rollouts.texts, cfg.verify_timeout, cfg.verify_workers)
-    rewards = torch.tensor(scores, dtype=torch.float32)
+    scores, reward_columns = score(inputs, answered, rollouts.texts)
     rollout_s = time.perf_counter() - began
-
-    t = time.perf_counter()
-    if before is None:
-        status("probe")
-        before = measure(gm, probe, probe_bs)
-    measure_s = time.perf_counter() - t
 
     status("backbone")
     t = time.perf_counter()
@@ -277,7 +197,7 @@ def _one_step(
         rollouts.prompt_mask,
         rollouts.completion_ids,
         rollouts.completion_mask,
-        group_advantages(rewards, cfg.group_size),
+        group_advantages(torch.tensor(scores, dtype=torch.float32), cfg.group_size),
         clip_eps=cfg.clip_eps,
         beta=cfg.beta,
         ref_model=inputs.ref_model,
@@ -285,67 +205,23 @@ def _one_step(
     )
     backbone_s = time.perf_counter() - t
     if not math.isfinite(stats.loss):
-        raise _diverged(step + 1, "the GRPO loss", out_dir)
-
+        raise cd.diverged(step + 1, "the GRPO loss")
     # clipping (off by default) acts on the backbone gradient only, as in the TRL route
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf")))
-    regularizer_s, reg_R = 0.0, float("nan")  # noqa: N806
-    if cdrft and cfg.lam > 0:
-        status("regulariser")
-        t = time.perf_counter()
-        reg = add_regularizer_grad(
-            gm, probe, params, cfg.lam, cfg.estimator, cfg.eps, probe_bs, at=before
-        )
-        regularizer_s, reg_R = time.perf_counter() - t, reg.R  # noqa: N806
-    if not finite_params(params):
-        raise _diverged(step + 1, "the gradient", out_dir)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(cd.params, cfg.max_grad_norm or math.inf))
+
+    cd.before_update(step + 1, status)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
-
-    t = time.perf_counter()
-    after_update = measure(gm, probe, probe_bs)
-    measure_s += time.perf_counter() - t
-    if cdrft:
-        status("projection")
-        proj = project(
-            gm, probe, params, cfg.tau, cfg.k_max, cfg.eta_proj, cfg.estimator, cfg.eps,
-            probe_bs, start=after_update,
-        )  # fmt: skip
-    else:
-        proj = ProjectionResult(0, after_update, after_update, 0.0)
-    if not finite_params(params):
-        raise _diverged(step + 1, "a parameter after the update", out_dir)
-    row = {
+    cd.after_update(step + 1, status)
+    return {
         "step": step + 1,
-        **_reward_row(answered, rewards, inputs.families),
+        **reward_columns,
         "loss": stats.loss,
         "kl": stats.kl,
         "grad_norm_backbone": grad_norm,
         "lr": lr,
         "completion_tokens": stats.tokens,
-        "b_shared_before": before.b_shared,
-        "r_before": before.R,
-        "b_shared_after_update": after_update.b_shared,
-        "b_shared_after": proj.after.b_shared,
-        "r_after": proj.after.R,
-        "r_regularizer": reg_R,
-        "proj_iters": proj.iterations,
-        "rollout_s": rollout_s,
-        "backbone_s": backbone_s,
-        "measure_s": measure_s,
-        "regularizer_s": regularizer_s,
-        "projection_s": proj.seconds,
+        **cd.log_fields({"rollout_s": rollout_s, "backbone_s": backbone_s}),
         "step_s": time.perf_counter() - began,
     }
-    return row, proj.after
-
-
-def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path:
-    """``save_pretrained`` model + tokenizer into a temp folder, then rename to ``target``."""
-    from cdscope.io import atomic_dir
-
-    with atomic_dir(target) as tmp:  # writer errors: one line, the temp folder removed
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    return target

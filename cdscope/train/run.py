@@ -1,0 +1,95 @@
+"""What both training backends share below their loops: the run's inputs and result, the
+rewards, the per-step reward columns and the final-model folder.
+
+* ``TrainInputs`` / ``TrainResult`` -- a prepared run (``commands.train.prepare``) and
+  what a backend hands back;
+* ``score`` -- the step's rewards (the caller's ``reward_fn`` or the shared verifiers,
+  ``verifier_rewards``: passed -> 1.0, else 0.0; code only in the sandbox) and the
+  ``reward`` / ``reward_<family>`` columns of the per-step log;
+* ``save_final_model`` -- ``OUT/final`` as a Hugging Face folder, written atomically.
+
+The hf loop (``train.loop``) and the TRL callback (``integrations.trl``) both import
+from here; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from torch import nn
+
+from cdscope.batch import ProbeBatch
+from cdscope.tasks.format import Task
+from cdscope.tasks.verifiers import verify_many
+from cdscope.train.config import TrainConfig
+
+#: the per-step log of a run, ``OUT/log.parquet`` (both backends)
+LOG_NAME = "log.parquet"
+
+RewardFn = Callable[[Sequence[Task], Sequence[str]], list[float]]
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    log: pd.DataFrame
+    steps_done: int
+    resumed_from: int | None
+    final_dir: Path | None
+
+
+@dataclass
+class TrainInputs:
+    """Everything a run needs, prepared and validated by ``commands.train``."""
+
+    cfg: TrainConfig
+    model: nn.Module
+    tokenizer: Any
+    tasks: Sequence[Task]
+    families: list[str]  # training families, sorted (reward columns)
+    probe: ProbeBatch
+    metadata: dict[str, Any]
+    ref_model: nn.Module | None = None
+    #: (tasks, completions) -> rewards; default: the shared verifiers (passed -> 1.0)
+    reward_fn: RewardFn | None = None
+
+
+def verifier_rewards(
+    tasks: Sequence[Task], completions: Sequence[str], timeout: float = 5.0, workers: int = 2
+) -> list[float]:
+    """1.0 for every completion its task's verifier passes, else 0.0 (code: sandboxed)."""
+    verdicts = verify_many(tasks, completions, timeout=timeout, workers=workers)
+    return [1.0 if v.passed else 0.0 for v in verdicts]
+
+
+def score(
+    inputs: TrainInputs, tasks: Sequence[Task], completions: Sequence[str]
+) -> tuple[list[float], dict[str, float]]:
+    """Each completion's reward (``inputs.reward_fn``, else the verifiers) and the step's
+    reward columns: ``reward``, the mean over the completions, and ``reward_<family>``,
+    the mean over that family's completions (NaN when the step drew none), in float64."""
+    if inputs.reward_fn is not None:
+        scores = [float(s) for s in inputs.reward_fn(tasks, completions)]
+    else:
+        cfg = inputs.cfg
+        scores = verifier_rewards(tasks, completions, cfg.verify_timeout, cfg.verify_workers)
+    columns = {"reward": sum(scores) / len(scores)}
+    for family in inputs.families:
+        picked = [s for t, s in zip(tasks, scores, strict=True) if t.family == family]
+        columns[f"reward_{family}"] = sum(picked) / len(picked) if picked else math.nan
+    return scores, columns
+
+
+def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path:
+    """``save_pretrained`` model + tokenizer into a temp folder, then rename to ``target``."""
+    from cdscope.io import atomic_dir
+
+    with atomic_dir(target) as tmp:  # writer errors: one line, the temp folder removed
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return target

@@ -1,0 +1,201 @@
+"""One CD-RFT optimizer step around any backend's backbone gradient (SPEC §5 steps 2-4).
+
+Both training backends -- the hf loop (``train.loop``) and TRL's ``GRPOTrainer``
+(``integrations.trl``, through a ``TrainerCallback``) -- drive one ``CDRFTStep`` per run,
+calling the same methods in the same order once per optimizer step:
+
+1. the backend's own GRPO backward (micro-batches accumulated into ``.grad``, backbone
+   gradient clipping, if any, done);
+2. ``before_update(t)`` -- B_shared / R of C on the probe at the current theta (the
+   previous step's closing measurement, carried over: rollouts and backward passes do
+   not move theta), then ``.grad += lambda * grad R(C(theta))`` (SPEC §5 step 2, the
+   measurement handed to the estimator as its first pass), then the finite check: a
+   non-finite gradient stops the run before the optimizer applies it;
+3. the backend's optimizer step (SPEC §5 step 3: AdamW on grad L_post + lambda grad R);
+4. ``after_update(t)`` -- B_shared after the update, the projection loop while
+   B_shared > tau and fewer than K_max iterations (SPEC §5 step 4), the finite check on
+   the parameters, and the closing measurement kept for step t + 1;
+5. ``log_fields()`` -- the probe / regulariser / timing columns of the step's log row.
+
+With ``--regularizer none`` the same object measures (so both arms log B_shared) and
+adds nothing. Under DDP (torchrun / accelerate launch) every rank holds the full
+parameters, the same probe and, after the backward, the all-reduced mean backbone
+gradient; each computes the same lambda grad R and rank 0's copy is broadcast (as are
+rank 0's projected weights when rank 0 projected), so the regulariser enters once per
+optimizer step, not once per rank, and kernels that are not bit-deterministic (CUDA
+atomics) cannot let the replicas drift. Without a process group both are no-ops.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cdscope.batch import ProbeBatch, rows_per_forward
+from cdscope.errors import CdscopeError
+from cdscope.gates import GatedModel
+from cdscope.models.placement import execution_device
+from cdscope.train.cdrft import (
+    ProbeMeasure,
+    ProjectionResult,
+    add_regularizer_grad,
+    finite_params,
+    measure,
+    project,
+)
+from cdscope.train.config import TrainConfig
+
+Status = Callable[[str], None]
+
+
+def _quiet(phase: str) -> None:
+    """The default progress callback: says nothing."""
+
+
+class CDRFTStep:
+    """The CD-RFT part of every optimizer step of one run (see the module docstring).
+
+    ``last_checkpoint``: the backend's newest complete checkpoint (or None), named in the
+    message that stops a diverging run.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        gm: GatedModel,
+        probe: ProbeBatch,
+        params: Sequence[nn.Parameter],
+        last_checkpoint: Callable[[], Path | None],
+    ) -> None:
+        self.cfg, self.gm, self.probe, self.params = cfg, gm, probe, list(params)
+        self.last_checkpoint = last_checkpoint
+        self.rows = rows_per_forward(cfg.probe_batch_size, execution_device(gm.model))
+        #: the closing measurement of the last step: C at the theta the next step opens with
+        self.carried: ProbeMeasure | None = None
+        self.fields: dict[str, Any] = {}
+
+    @property
+    def regularised(self) -> bool:
+        return self.cfg.regularizer == "cdrft"
+
+    def diverged(self, step: int, what: str) -> CdscopeError:
+        """The one-line error that stops a run whose step ``step`` (1-based) went non-finite."""
+        kept = self.last_checkpoint()
+        where = f"the last good checkpoint is {kept}" if kept else "no checkpoint was written yet"
+        return CdscopeError(
+            f"training diverged at step {step}: {what} is not finite (NaN/inf); stopped before "
+            f"applying it; {where}; lower --lr (or --lambda / --eta-proj) and rerun"
+        )
+
+    def before_update(self, step: int, status: Status = _quiet) -> ProbeMeasure:
+        """After the backbone backward, before the optimizer step: measure at theta (or
+        take the carried measurement), add lambda grad R to ``.grad``, check finiteness.
+        Returns the measurement before the step."""
+        cfg = self.cfg
+        began = time.perf_counter()
+        before = self.carried
+        if before is None:
+            status("probe")
+            before = measure(self.gm, self.probe, self.rows)
+        measure_s = time.perf_counter() - began
+        reg_R, regularizer_s = math.nan, 0.0  # noqa: N806
+        if self.regularised and cfg.lam > 0:
+            status("regulariser")
+            began = time.perf_counter()
+            reg_R = add_regularizer_grad(  # noqa: N806
+                self.gm, self.probe, self.params, cfg.lam, cfg.estimator, cfg.eps, self.rows,
+                at=before,
+            ).R  # fmt: skip
+            # the backbone part is already the all-reduced mean: rank 0's sum is everyone's
+            _same_on_every_rank([p.grad for p in self.params if p.grad is not None])
+            regularizer_s = time.perf_counter() - began
+        if not finite_params(self.params):
+            raise self.diverged(step, "the gradient")
+        self.fields = {
+            "b_shared_before": before.b_shared,
+            "r_before": before.R,
+            "r_regularizer": reg_R,
+            "measure_s": measure_s,
+            "regularizer_s": regularizer_s,
+        }
+        return before
+
+    def after_update(self, step: int, status: Status = _quiet) -> ProjectionResult:
+        """Right after the optimizer step: measure, project (cdrft), check the parameters,
+        and carry the closing measurement over to the next step."""
+        cfg = self.cfg
+        began = time.perf_counter()
+        after = measure(self.gm, self.probe, self.rows)
+        self.fields["measure_s"] += time.perf_counter() - began
+        if self.regularised:
+            status("projection")
+            proj = project(
+                self.gm, self.probe, self.params, cfg.tau, cfg.k_max, cfg.eta_proj,
+                cfg.estimator, cfg.eps, self.rows, start=after,
+            )  # fmt: skip
+        else:
+            proj = ProjectionResult(0, after, after, 0.0)
+        if _world_size() > 1 and _from_rank_zero(proj.iterations):
+            _same_on_every_rank([p.data for p in self.params])  # rank 0's projected weights
+        if not finite_params(self.params):
+            raise self.diverged(step, "a parameter after the update")
+        self.carried = proj.after
+        self.fields.update(
+            b_shared_after_update=after.b_shared,
+            b_shared_after=proj.after.b_shared,
+            r_after=proj.after.R,
+            proj_iters=proj.iterations,
+            projection_s=proj.seconds,
+        )
+        return proj
+
+    def log_fields(self, timings: dict[str, float] | None = None) -> dict[str, Any]:
+        """The step's probe and regulariser columns, then the backend's own phase
+        ``timings`` (e.g. ``rollout_s``, ``backbone_s``), then the probe phases' seconds."""
+        f = self.fields
+        return {
+            **{k: f[k] for k in PROBE_COLUMNS},
+            **(timings or {}),
+            **{k: f[k] for k in TIMING_COLUMNS},
+        }
+
+
+#: the columns ``CDRFTStep.log_fields`` fills, in log order (docs/train.md)
+PROBE_COLUMNS = (
+    "b_shared_before", "r_before", "b_shared_after_update", "b_shared_after", "r_after",
+    "r_regularizer", "proj_iters",
+)  # fmt: skip
+TIMING_COLUMNS = ("measure_s", "regularizer_s", "projection_s")
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _from_rank_zero(value: int) -> int:
+    """Rank 0's ``value`` on every rank (one collective, called by every rank)."""
+    import torch.distributed as dist
+
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
+    box = torch.tensor([value], dtype=torch.long, device=device)
+    dist.broadcast(box, src=0)
+    return int(box.item())
+
+
+def _same_on_every_rank(tensors: list[torch.Tensor]) -> None:
+    """Overwrite ``tensors`` (same shapes on every rank) with rank 0's values, in place."""
+    import torch.distributed as dist
+
+    if _world_size() > 1:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)

@@ -1,18 +1,24 @@
 """Per-step time of the CD-RFT arm vs the GRPO arm, same seed and data, in one process.
 
 Both arms run ``--steps`` steps from the same initial weights of the embedded model at
-the reference geometry (8 prompts x 4 samples = 32 completions per step) with a short
-rollout cap (``--max-new-tokens``, default 64) so a CPU run fits in minutes. Reported:
-per-step seconds split into rollout / backbone / probe measurement / regulariser /
-projection, the CD-RFT overhead in percent of the GRPO step, and the overhead by the
-number of projection iterations the step used.
+the reference geometry (``--prompts-per-step`` 8 x ``--group-size`` 4 = 32 completions
+per step, SPEC §5) with the rollout cap ``--max-new-tokens`` (the reference is 512; the
+default 64 fits a CPU run in minutes). ``--repeats R`` runs the arms R times, alternating
+(GRPO, CD-RFT, GRPO, ...), so drift of a shared machine hits both alike; the figures
+are medians over every logged step of an arm. Reported: per-step seconds split into
+rollout / backbone / probe measurement / regulariser / projection, the CD-RFT overhead
+in percent of the GRPO step, and the overhead by the number of projection iterations.
 
 Overhead definitions: ``overhead_%`` = (CD-RFT step - GRPO step) / GRPO step, both
-including the probe measurements both arms log; ``regulariser_%`` = (regulariser +
-projection seconds) / (rollout + backbone seconds) of the CD-RFT arm, i.e. what CD-RFT
-adds to a GRPO step that does not measure the probe.
+including the probe measurements both arms log; ``same-step overhead_%`` = (regulariser
++ projection) / (step - regulariser - projection) within each CD-RFT step (the GRPO step
+it contains: rollout, backbone and the measurements both arms log, timed in the same
+window, so load drift between arms does not enter; ``--arms cdrft`` runs only this);
+``regulariser_%`` = (regulariser + projection seconds) / (rollout + backbone seconds) of
+the CD-RFT arm, i.e. what CD-RFT adds to a GRPO step that does not measure the probe.
 
     .venv/bin/python benchmarks/bench_train.py [--steps 2] [--max-new-tokens 64] [--k-max 12]
+    .venv/bin/python benchmarks/bench_train.py --steps 1 --max-new-tokens 512   # reference length
 """
 
 from __future__ import annotations
@@ -23,15 +29,26 @@ from pathlib import Path
 
 import pandas as pd
 
+PARTS = ["rollout_s", "backbone_s", "measure_s", "regularizer_s", "projection_s", "step_s"]
+
 
 def main() -> None:
+    from cdscope.train.config import TrainConfig
+
+    defaults = TrainConfig()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="alternating runs of each arm")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts-per-step", type=int, default=defaults.prompts_per_step)
+    parser.add_argument("--group-size", type=int, default=defaults.group_size)
     parser.add_argument("--probe-n", type=int, default=3)
     parser.add_argument("--k-max", type=int, default=12)
+    parser.add_argument("--arms", default="none,cdrft", help="none,cdrft or one of them")
+    parser.add_argument("--estimator", default=defaults.estimator)
+    parser.add_argument("--eps", type=float, default=defaults.eps)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_train.parquet"))
     args = parser.parse_args()
 
@@ -40,39 +57,54 @@ def main() -> None:
 
     from cdscope.commands.train import run_train
     from cdscope.io import run_metadata, write_parquet
-    from cdscope.train.config import TrainConfig
 
     console = Console(stderr=True)
-    logs = {}
+    logs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arm in ("none", "cdrft"):
-            cfg = TrainConfig(
-                out_dir=str(Path(tmp) / arm), steps=args.steps, max_new_tokens=args.max_new_tokens,
-                probe_n=args.probe_n, k_max=args.k_max, regularizer=arm, save_every=10**6,
-            )  # fmt: skip
-            logs[arm] = run_train(cfg, console=console).log.assign(arm=arm)
-    frame = pd.concat(logs.values(), ignore_index=True)
-    parts = ["rollout_s", "backbone_s", "measure_s", "regularizer_s", "projection_s", "step_s"]
-    mean = frame.groupby("arm")[parts].mean()
-    grpo, cd = mean.loc["none"], mean.loc["cdrft"]
-    table = Table(title=f"bench_train: {args.steps} steps/arm, 8x4 completions, "
-                  f"{args.max_new_tokens} new tokens, probe n={args.probe_n}")  # fmt: skip
-    table.add_column("arm")
-    for part in parts:
-        table.add_column(part, justify="right")
-    for arm in ("none", "cdrft"):
-        table.add_row(arm, *[f"{mean.loc[arm, p]:.1f}" for p in parts])
-    console.print(table)
-    overhead = 100 * (cd["step_s"] - grpo["step_s"]) / grpo["step_s"]
-    added = 100 * (cd["regularizer_s"] + cd["projection_s"]) / (cd["rollout_s"] + cd["backbone_s"])
-    console.print(f"CD-RFT step overhead vs GRPO step: {overhead:+.1f}%")
-    console.print(f"regulariser + projection / (rollout + backbone): {added:.1f}%")
-    by_iters = frame[frame["arm"] == "cdrft"].groupby("proj_iters")[parts].mean()
-    console.print("CD-RFT steps by projection iterations used:")
-    console.print(by_iters.round(1).to_string())
+        for repeat in range(args.repeats):
+            for arm in args.arms.split(","):
+                cfg = TrainConfig(
+                    out_dir=str(Path(tmp) / f"{arm}{repeat}"), steps=args.steps,
+                    max_new_tokens=args.max_new_tokens, prompts_per_step=args.prompts_per_step,
+                    group_size=args.group_size, probe_n=args.probe_n, k_max=args.k_max,
+                    estimator=args.estimator, eps=args.eps, regularizer=arm, save_every=10**6,
+                )  # fmt: skip
+                log = run_train(cfg, console=console).log
+                logs.append(log.assign(arm=arm, repeat=repeat))
+                console.print(logs[-1][["arm", "step", "proj_iters", *PARTS]].round(1).to_string())
+    frame = pd.concat(logs, ignore_index=True)
     write_parquet(
         frame, args.out, run_metadata("bench_train", **vars(args) | {"out": str(args.out)})
     )
+    median = frame.groupby("arm")[[*PARTS, "completion_tokens"]].median()
+    table = Table(
+        title=f"bench_train: {args.steps} steps x {args.repeats} repeats per arm, "
+        f"{args.prompts_per_step}x{args.group_size} completions, {args.max_new_tokens} new "
+        f"tokens, probe n={args.probe_n}, {args.estimator} eps={args.eps:g} (medians)"
+    )
+    table.add_column("arm")
+    for part in [*PARTS, "completion_tokens"]:
+        table.add_column(part, justify="right")
+    for arm in median.index:
+        table.add_row(arm, *[f"{median.loc[arm, p]:.1f}" for p in [*PARTS, "completion_tokens"]])
+    console.print(table)
+    if "cdrft" in median.index:
+        cd = frame[frame["arm"] == "cdrft"]
+        extra = cd["regularizer_s"] + cd["projection_s"]
+        same_step = 100 * (extra / (cd["step_s"] - extra)).median()
+        added = 100 * (extra / (cd["rollout_s"] + cd["backbone_s"])).median()
+        if "none" in median.index:
+            grpo_s, cd_s = median.loc["none", "step_s"], median.loc["cdrft", "step_s"]
+            console.print(
+                f"CD-RFT step overhead vs GRPO step: {100 * (cd_s - grpo_s) / grpo_s:+.1f}%"
+            )
+        console.print(
+            f"same-step overhead (CD-RFT extras / the rest of its step): {same_step:+.1f}%"
+        )
+        console.print(f"regulariser + projection / (rollout + backbone): {added:.1f}%")
+    by_iters = frame[frame["arm"] == "cdrft"].groupby("proj_iters")[PARTS].median()
+    console.print("CD-RFT steps by projection iterations used (medians):")
+    console.print(by_iters.round(1).to_string())
     console.print(f"wrote {args.out}")
 
 

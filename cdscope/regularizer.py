@@ -17,22 +17,19 @@ the directional derivative D_m by a central difference of two gated forwards,
 
     L_proxy = sum_m (||W_m|| / l_m) * (l_m(1 + eps Ŵ_m) - l_m(1 - eps Ŵ_m)) / (2 eps),
 
-and takes one ordinary backward (any attention kernel). Error O(eps^2). The
-``richardson`` variant combines eps and eps/2, (4 D(eps/2) - D(eps)) / 3, cancelling
-the eps^2 term (error O(eps^4)) for two more gated forwards.
+and takes one ordinary backward (any attention kernel). Error O(eps^2). ``richardson``
+combines eps and eps/2, (4 D(eps/2) - D(eps)) / 3 (error O(eps^4), two more gated
+forwards). ``folded`` takes D_m in the normaliser term from the measured C̄ (exact) and
+folds grad l_m(1) into the two perturbed passes (see ``proxy_grad``): 2B rows of forward
++ parameter backward instead of 3B, still O(eps^2).
 
 Details as SPEC §5: the nominal l_m in the normaliser stays differentiable unless
 ``detach_normaliser``; families with ||W_m|| < 1e-12 are skipped; |l_m| < eps0 uses
-1 / (l_m + eps0 sign(l_m)). C̄ and l_m come from ``control_autograd`` (frozen
-parameters, one gate backward) or from the caller's measurement at the same theta; the
-perturbed rows carry per-row gates (family m's rows 1 ± eps Ŵ_m, all families in the
-same forward) and go through forward + parameter backward in chunks of ``batch_size``
-rows (default B: one perturbation setting per chunk; 2B or 4B puts every setting in one
-forward, same result, more memory); the normaliser term is one more nominal forward +
-parameter backward. The proxy costs 2B (Richardson: 4B) perturbed rows and B nominal
-rows of forward + parameter backward, plus the measurement pass when not handed over;
-no graph outlives its chunk. The gates a perturbed forward applies are checked in the
-model's dtype (``check_realised_perturbation``).
+1 / (l_m + eps0 sign(l_m)). C̄ and l_m come from ``control_autograd`` or from the
+caller's measurement at the same theta (``nominal``: training hands it over). Rows go
+through forward + parameter backward in chunks of ``batch_size``; no graph outlives its
+chunk. The gates a perturbed forward applies are checked in the model's dtype
+(``check_realised_perturbation``).
 """
 
 from __future__ import annotations
@@ -48,15 +45,23 @@ from torch import nn
 from cdscope.batch import ProbeBatch
 from cdscope.control import EPS0, ControlResult, control_autograd, row_chunks
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
+from cdscope.gates import GatedModel, gate_dtype
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.placement import execution_device
+from cdscope.regularizer_precision import check_realised_perturbation, check_step_resolution
 from cdscope.spectral import moment_ratio_torch, r_sensitivity_torch
 
 W_FLOOR = 1e-12
-ESTIMATORS = ("exact", "proxy", "richardson")
+ESTIMATORS = ("exact", "proxy", "richardson", "folded")
+#: (fold_normaliser, richardson) -> estimator name of a ``proxy_grad`` result
+_NAMES = {
+    (False, False): "proxy",
+    (False, True): "richardson",
+    (True, False): "folded",
+    (True, True): "folded-richardson",
+}
 #: The default first-order estimator, chosen from the measured fidelity table (docs/gradcheck.md).
-DEFAULT_ESTIMATOR = "richardson"
+DEFAULT_ESTIMATOR = "folded"
 DEFAULT_EPS = 0.01
 
 
@@ -139,7 +144,7 @@ def exact_grad(
     model = gm.model
     chosen = trainable(model, params)
     device = execution_device(model)
-    dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+    dtype = gate_dtype(next(model.parameters()).dtype)
     nominal = nominal or control_autograd(gm, batch, batch_size)
     kept = torch.from_numpy(nominal.kept)
     C = torch.from_numpy(nominal.C_kept())  # noqa: N806 - [M_kept, K] float64
@@ -184,65 +189,35 @@ def exact_grad(
     )
 
 
-def check_step_resolution(eps: float, dtype: torch.dtype, richardson: bool) -> None:
-    """Refuse a step ``eps`` the model's dtype cannot resolve at g = 1 at all (bf16: spacing 2^-7).
+def _stencil(
+    eps: float, richardson: bool
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """Offsets o, derivative weights c_o and mean weights h_o of the gate-space stencil.
 
-    A necessary condition, cheap enough to check before a run starts; ``proxy_grad``
-    then checks the per-gate steps eps * Ŵ_mk it actually applies
-    (``check_realised_perturbation``), which are smaller.
+    D = sum_o c_o l(1 + o Ŵ) is the directional derivative and sum_o h_o l(1 + o Ŵ) the
+    value at g = 1, both to O(eps^2) (central) or O(eps^4) (Richardson: 4 X(eps/2) - X(eps)
+    over 3). The mean weights serve the folded normaliser.
     """
-    smallest = eps / 2 if richardson else eps
-    resolution = torch.finfo(dtype).eps  # spacing of representable numbers just above 1
-    if smallest < 2 * resolution:
-        raise CdscopeError(
-            f"gate step {smallest:g} is below what {str(dtype).removeprefix('torch.')} resolves at g = 1 "
-            f"(spacing {resolution:g}): the perturbation would be rounded away. Load the model with "
-            f"--dtype float32, or use eps >= {2 * resolution * (2 if richardson else 1):g}"
-        )
-
-
-#: largest relative L2 change of a gate perturbation o * Ŵ_m by the cast to the model dtype
-PERTURBATION_TOLERANCE = 0.01
-
-
-def check_realised_perturbation(
-    offsets: Sequence[float], direction: torch.Tensor, dtype: torch.dtype
-) -> float:
-    """Refuse when casting the gates 1 + o Ŵ_m to ``dtype`` changes the perturbation.
-
-    The gate hooks multiply each write by the gate in the model's dtype, so the step the
-    forward sees is (1 + o Ŵ_m) rounded to ``dtype``, minus 1. Each entry of Ŵ_m is a
-    fraction of o (about 1/sqrt(K) of it), so in bf16 most of them round to 0 or to the
-    spacing 2^-7 even for eps = 0.05. Returns the worst relative L2 error over offsets and
-    families; above ``PERTURBATION_TOLERANCE`` the difference quotient would measure a
-    different direction, so the gradient is refused with the way out.
-    """
-    rows = direction[direction.norm(dim=1) > 0].double()
-    if rows.numel() == 0:
-        return 0.0
-    intended = torch.tensor(offsets, dtype=torch.float64, device=rows.device)[:, None, None] * rows
-    realised = (1.0 + intended).to(dtype).double() - 1.0
-    error = float(((realised - intended).norm(dim=-1) / intended.norm(dim=-1)).max())
-    if error > PERTURBATION_TOLERANCE:
-        name = str(dtype).removeprefix("torch.")
-        raise CdscopeError(
-            f"in {name} the gate perturbations eps * Ŵ (smallest offset {min(map(abs, offsets)):g}, "
-            f"largest per-gate step {float(intended.abs().max()):.3g}) change by {100 * error:.0f}% "
-            f"when the gates are cast to {name}: the proxy would difference along another "
-            f"direction. Load the model with --dtype float32 (or use --estimator exact)"
-        )
-    return error
+    if not richardson:
+        return (eps, -eps), (1 / (2 * eps), -1 / (2 * eps)), (0.5, 0.5)
+    offsets = (eps, -eps, eps / 2, -eps / 2)
+    return (
+        offsets,
+        (-1 / (6 * eps), 1 / (6 * eps), 4 / (3 * eps), -4 / (3 * eps)),
+        (-1 / 6, -1 / 6, 2 / 3, 2 / 3),
+    )
 
 
 def proxy_grad(
     gm: GatedModel,
     batch: ProbeBatch,
-    eps: float = 0.05,
+    eps: float = DEFAULT_EPS,
     params: Sequence[nn.Parameter] | None = None,
     detach_normaliser: bool = False,
     richardson: bool = False,
     batch_size: int | None = None,
     nominal: ControlResult | None = None,
+    fold_normaliser: bool = False,
 ) -> GradResult:
     """First-order proxy of grad_theta R(C(theta)) (SPEC §5): no second-order autodiff.
 
@@ -253,11 +228,20 @@ def proxy_grad(
         grad L = sum_{m, o, b in m} (a_m N_m c_o / n_m) grad log pi_b(o)  +  sum_m a_m D_m grad N_m,
 
     so the perturbed rows are pushed through forward + backward ``batch_size`` rows at a
-    time (bounded memory; rows of similar length share a chunk), and the normaliser term,
-    linear in the nominal rows' log pi once every D_m is known, is one more nominal
-    forward + backward per chunk. C̄ and l_m come from ``control_autograd`` (frozen
-    parameters) or from ``nominal``, the caller's measurement at the same theta. No graph
-    outlives its chunk: peak memory is one chunk's forward + backward.
+    time (bounded memory; rows of similar length share a chunk), and the normaliser term
+    grad N_m = -N_m^2 grad l_m(1), linear in the nominal rows' log pi once every D_m is
+    known, is one more nominal forward + backward per chunk. C̄ and l_m come from
+    ``control_autograd`` (frozen parameters) or from ``nominal``, the caller's measurement
+    at the same theta. No graph outlives its chunk.
+
+    ``fold_normaliser`` (the ``folded`` estimator) drops that extra pass: D_m there is
+    the exact directional derivative Ŵ_m . S_m = l_m Ŵ_m . C̄_m, already measured, and
+    grad l_m(1) = sum_o h_o grad l_m(1 + o Ŵ_m) + O(eps^2) (the stencil's mean weights:
+    1/2, 1/2 for the central difference) is a combination of the perturbed rows' own
+    gradients. Every perturbed row then carries the coefficient
+    (a_m N_m c_o - a_m D_m N_m^2 h_o) / n_m: same O(eps^2) order, 2B rows of forward +
+    backward instead of 3B, and the exact gradient's normaliser coefficient
+    -(W_m . C_m) / l_m evaluated exactly rather than by difference.
     """
     if eps <= 0:
         raise ValueError(f"eps must be positive, got {eps}")
@@ -267,14 +251,9 @@ def proxy_grad(
     model_dtype = next(model.parameters()).dtype
     check_step_resolution(eps, model_dtype, richardson)
     device = execution_device(model)
-    dtype = torch.float64 if model_dtype == torch.float64 else torch.float32
+    dtype = gate_dtype(model_dtype)
     K, B = gm.gate_set.K, batch.B  # noqa: N806
-    # stencil: offsets o and weights c_o with D = sum_o c_o l(1 + o Ŵ)
-    if richardson:  # (4 D(eps/2) - D(eps)) / 3
-        offsets = (eps, -eps, eps / 2, -eps / 2)
-        stencil = (-1 / (6 * eps), 1 / (6 * eps), 4 / (3 * eps), -4 / (3 * eps))
-    else:
-        offsets, stencil = (eps, -eps), (1 / (2 * eps), -1 / (2 * eps))
+    offsets, stencil, means = _stencil(eps, richardson)
     sizes = batch.family_sizes().to(device=device, dtype=dtype)
     row_family = batch.row_family.to(device)
 
@@ -292,6 +271,13 @@ def proxy_grad(
     inverse = torch.where(active, _safe_inverse(ell), 0.0)  # N_m = 1 / l_m, safeguarded
     amplitude = w_norm * inverse  # a_m N_m
     check_realised_perturbation(offsets, direction, model_dtype)
+    folded = fold_normaliser and not detach_normaliser
+    if folded:  # -a_m D_m N_m^2 with the measured D_m = l_m Ŵ_m . C̄_m = (W_m . C̄_m) / a_m
+        w_dot_c = torch.zeros(batch.M, device=device, dtype=dtype)
+        w_dot_c[kept] = (W[kept] * C_bar).sum(1)
+        normaliser = -w_dot_c * ell * inverse**2
+    else:
+        normaliser = torch.zeros(batch.M, device=device, dtype=dtype)
 
     # 2. Perturbed rows: family m's rows carry gates 1 + o Ŵ_m; backward chunk by chunk.
     grads = [torch.zeros_like(p) for p in chosen]
@@ -309,21 +295,22 @@ def proxy_grad(
     virtual = torch.arange(len(offsets) * B)  # offset index = v // B, batch row = v % B
     offset_of = torch.tensor(offsets, dtype=dtype, device=device)[virtual // B]
     weight_of = torch.tensor(stencil, dtype=dtype, device=device)[virtual // B]
+    mean_of = torch.tensor(means, dtype=dtype, device=device)[virtual // B]
     rows_of = virtual % B
     logp_all = torch.zeros(len(virtual), dtype=dtype, device=device)
     for chunk in row_chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets))):
         rows = rows_of[chunk]
         family = row_family[rows.to(device)]
         gates = 1.0 + offset_of[chunk, None] * direction[family]
-        coefficient = amplitude[family] * weight_of[chunk] / sizes[family]
-        logp_all[chunk] = backpropagate(rows, gates, coefficient)
+        coefficient = amplitude[family] * weight_of[chunk] + normaliser[family] * mean_of[chunk]
+        logp_all[chunk] = backpropagate(rows, gates, coefficient / sizes[family])
 
-    # 3. The normaliser term, once every D_m is known: sum_m a_m D_m grad N_m with
+    # 3. Unfolded normaliser term, once every D_m is known: sum_m a_m D_m grad N_m with
     #    grad N_m = -N_m^2 grad l_m and l_m the mean of its rows' log pi, so it is one more
     #    nominal forward + backward per chunk with per-row coefficients (no graph kept).
-    per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
-    derivative = _family_sum(per_row, batch) / sizes  # D_m
-    if not detach_normaliser:
+    if not detach_normaliser and not folded:
+        per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
+        derivative = _family_sum(per_row, batch) / sizes  # D_m
         per_family = -w_norm * derivative * inverse**2  # d(a_m D_m N_m)/d l_m
         for rows in row_chunks(B, batch_size, batch.lengths):
             family = row_family[rows.to(device)]
@@ -335,7 +322,7 @@ def proxy_grad(
         R,
         C_bar.double().cpu().numpy(),
         families,
-        "richardson" if richardson else "proxy",
+        _NAMES[folded, richardson],
         eps,
         time.perf_counter() - start,
     )
@@ -351,17 +338,17 @@ def regularizer_grad(
     batch_size: int | None = None,
     nominal: ControlResult | None = None,
 ) -> GradResult:
-    """Dispatch by estimator name: exact | proxy | richardson.
+    """Dispatch by estimator name: exact | proxy | richardson | folded.
 
     ``nominal``: ``control_autograd`` of ``batch`` at the current theta, when the caller
     has it (it is the first pass of every estimator).
     """
     if estimator == "exact":
         return exact_grad(gm, batch, params, batch_size, nominal)
-    if estimator in ("proxy", "richardson"):
+    if estimator in ("proxy", "richardson", "folded"):
         return proxy_grad(
             gm, batch, eps, params, detach_normaliser, estimator == "richardson", batch_size,
-            nominal,
+            nominal, fold_normaliser=estimator == "folded",
         )  # fmt: skip
     raise CdscopeError(
         f"gradient estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}"

@@ -86,6 +86,98 @@ def test_richardson_cancels_the_eps_squared_term(model, probe_batch) -> None:
     assert better < plain / 20
 
 
+def test_folded_proxy_converges_to_the_exact_gradient(model, probe_batch) -> None:
+    """The folded estimator (normaliser from the measured C̄ and the perturbed passes)
+    against its slow twin, the exact double backward: O(eps^2), cosine >= 0.999."""
+    with GatedModel(model) as gm:
+        exact = exact_grad(gm, probe_batch)
+        tiny = proxy_grad(gm, probe_batch, eps=1e-4, fold_normaliser=True)
+        errors = [
+            fidelity(proxy_grad(gm, probe_batch, eps=e, fold_normaliser=True), exact)["rel_error"]
+            for e in (0.04, 0.02)
+        ]
+        richardson = proxy_grad(gm, probe_batch, eps=0.04, richardson=True, fold_normaliser=True)
+    assert fidelity(tiny, exact)["cosine"] >= 0.9999
+    assert 3.5 < errors[0] / errors[1] < 4.5  # O(eps^2)
+    assert fidelity(richardson, exact)["rel_error"] < errors[0] / 20  # O(eps^4) with the fold too
+    assert (tiny.estimator, richardson.estimator) == ("folded", "folded-richardson")
+
+
+def test_folded_normaliser_is_the_exact_coefficient_times_the_mean_gradient(probe_batch) -> None:
+    """folded - detached = sum_m -(W_m . C_m) / l_m * sum_o h_o grad l_m(1 + o Ŵ_m), with
+    the pieces computed independently (grad l_m at each offset by its own backward)."""
+    from cdscope.spectral import r_sensitivity
+
+    model = tiny_model("gpt2", "eager", dtype=torch.float64)
+    eps = 0.03
+    with GatedModel(model) as gm:
+        folded = proxy_grad(gm, probe_batch, eps=eps, fold_normaliser=True)
+        detached = proxy_grad(gm, probe_batch, eps=eps, detach_normaliser=True)
+        control = control_autograd(gm, probe_batch)
+        C = torch.from_numpy(control.C)  # noqa: N806 - every family kept here
+        W = torch.from_numpy(r_sensitivity(control.C))  # noqa: N806
+        params = [p for p in model.parameters() if p.requires_grad]
+        expected = [torch.zeros_like(p) for p in params]
+        for m in range(probe_batch.M):
+            rows = torch.nonzero(probe_batch.row_family == m).flatten()
+            coefficient = -float((W[m] * C[m]).sum()) / float(control.ell[m])
+            for offset in (eps, -eps):
+                with gm.gating((1 + offset * W[m] / W[m].norm()).repeat(len(rows), 1)):
+                    ell = row_target_logprobs(model, probe_batch, rows).mean()
+                for acc, g in zip(expected, torch.autograd.grad(ell, params), strict=True):
+                    acc.add_(0.5 * coefficient * g)
+    assert control.kept.all()
+    target = torch.cat([e.reshape(-1) for e in expected])
+    error = float(((folded.flat() - detached.flat()) - target).norm() / target.norm())
+    assert error < 1e-8, error
+
+
+class _PassCounter:
+    """Counts the rows every forward of ``model`` embeds and the parameter backwards."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.rows = self.backwards = 0
+        first = next(p for p in model.parameters() if p.requires_grad)
+        self._handles = [
+            model.get_input_embeddings().register_forward_pre_hook(self._forward),
+            first.register_hook(self._backward),
+        ]
+
+    def _forward(self, module, args) -> None:  # noqa: ANN001 - args[0]: input ids [rows, T]
+        self.rows += int(args[0].shape[0])
+
+    def _backward(self, grad: torch.Tensor) -> None:
+        self.backwards += 1
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize(
+    ("estimator", "richardson", "fold", "passes"),
+    [("proxy", False, False, 3), ("richardson", True, False, 5), ("folded", False, True, 2)],
+)
+def test_pass_count_with_the_measurement_handed_over(
+    probe_batch, estimator, richardson, fold, passes
+) -> None:
+    """Rows of forward + parameter backward per gradient: B per probe pass (batch_size = B:
+    one chunk per pass, so one parameter backward per pass)."""
+    model = tiny_model("llama", "eager", dtype=torch.float64)
+    with GatedModel(model) as gm:
+        measured = control_autograd(gm, probe_batch)
+        counter = _PassCounter(model)
+        try:
+            result = proxy_grad(
+                gm, probe_batch, 0.01, richardson=richardson, fold_normaliser=fold,
+                batch_size=probe_batch.B, nominal=measured,
+            )  # fmt: skip
+        finally:
+            counter.close()
+    assert result.estimator == estimator
+    assert (counter.rows, counter.backwards) == (passes * probe_batch.B, passes)
+
+
 def test_detached_normaliser_differs_by_exactly_the_normaliser_term(model, probe_batch) -> None:
     """default - detached = sum_m ||W_m|| D_m * grad(1 / l_m) = -sum_m ||W_m|| D_m / l_m^2 grad l_m."""
     eps = 0.01
@@ -234,14 +326,15 @@ def test_gradcheck_command_on_a_tiny_model(tiny_model_dir, tmp_path) -> None:
     assert list(zip(frame["estimator"], frame["eps"], strict=True)) == [
         ("proxy", 0.01),
         ("proxy", 0.001),
-        ("richardson", 0.01),
+        ("folded", 0.01),
+        ("folded", 0.001),
     ]
-    assert frame["is_default"].tolist() == [False, False, True]
+    assert frame["is_default"].tolist() == [False, False, True, False]  # folded at eps 0.01
     assert (frame["cosine"] > 0.999).all()
     assert (frame["rel_error"] < 1e-3).all()  # fp32 norms inside Llama set the floor, not eps
 
 
-@pytest.mark.parametrize("estimator", ["exact", "proxy", "richardson"])
+@pytest.mark.parametrize("estimator", ["exact", "proxy", "richardson", "folded"])
 def test_a_measurement_handed_over_replaces_the_first_pass(probe_batch, estimator) -> None:
     from cdscope.control import control_autograd
     from cdscope.regularizer import regularizer_grad

@@ -195,8 +195,8 @@ def gradcheck(
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
     Per seed: the exact d R(C(theta))/d theta by double backward, then the fixed-step
-    proxy at each --eps (and the Richardson proxy too with --richardson-sweep), and the
-    default estimator (Richardson, eps 0.01); cosine and
+    proxy and the folded proxy at each --eps (and the Richardson proxy too with
+    --richardson-sweep), and the default estimator; cosine and
     relative L2 error against the exact gradient, with wall time of each.
     """
     from cdscope.commands.gradcheck import run_gradcheck

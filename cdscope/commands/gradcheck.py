@@ -1,9 +1,10 @@
 """``cdscope gradcheck``: how close the first-order regulariser gradients are to the exact one.
 
 For each probe seed: the exact gradient of R(C(theta)) (double backward, eager
-attention) once, then the fixed-step proxy at every eps of the sweep (and, with
-``richardson_sweep``, the Richardson proxy at every eps), and the default estimator; each compared with the exact gradient
-by cosine and relative L2 error (SPEC §5). One row per (model, seed, estimator, eps).
+attention) once, then the two fixed-step proxies (``proxy`` and ``folded``) at every eps
+of the sweep (and, with ``richardson_sweep``, the Richardson proxy at every eps), and the
+default estimator; each compared with the exact gradient by cosine and relative L2 error
+(SPEC §5). One row per (model, seed, estimator, eps).
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.models.placement import require_resident_weights
 from cdscope.probes import ProbePool, draw_probe, drawn_ids
-from cdscope.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, exact_grad, fidelity, proxy_grad
+from cdscope.regularizer import (
+    DEFAULT_EPS,
+    DEFAULT_ESTIMATOR,
+    exact_grad,
+    fidelity,
+    regularizer_grad,
+)
 from cdscope.settings import GradcheckSettings
 
 COLUMNS = [
@@ -57,7 +64,7 @@ def run_gradcheck(
     loaded = options.load(model_spec, console)
     require_resident_weights(loaded.model, "gradcheck")
     row_chunk = rows_per_forward(batch_size, loaded.device)
-    variants = [("proxy", e) for e in eps_list]
+    variants = [(name, e) for name in ("proxy", "folded") for e in eps_list]
     if settings.richardson_sweep:
         variants += [("richardson", e) for e in eps_list]
     if (DEFAULT_ESTIMATOR, DEFAULT_EPS) not in variants:
@@ -95,9 +102,7 @@ def run_gradcheck(
             progress.advance(task)
             for estimator, eps in variants:
                 progress.update(task, description=f"seed {seed}: {estimator} eps={eps:g}")
-                approx = proxy_grad(
-                    gm, batch, eps, richardson=estimator == "richardson", batch_size=row_chunk
-                )
+                approx = regularizer_grad(gm, batch, estimator, eps, batch_size=row_chunk)
                 rows.append(
                     {
                         "model": model_spec,

@@ -72,7 +72,7 @@ class TrainConfig:
     eta_proj: float = setting(4e-3, "--eta-proj", "Projection step size.")
     eps: float = setting(DEFAULT_EPS, "--eps", "Gate step of the proxy gradient.")
     estimator: str = setting(
-        DEFAULT_ESTIMATOR, "--estimator", "Regulariser gradient: exact | proxy | richardson."
+        DEFAULT_ESTIMATOR, "--estimator", f"Regulariser gradient: {' | '.join(ESTIMATORS)}."
     )
     probe_n: int = setting(3, "--probe-n", "Probe samples per family.")
     probe_files: tuple[str, ...] = ()

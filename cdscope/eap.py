@@ -67,7 +67,7 @@ from cdscope.control import _chunks, frozen_parameters
 from cdscope.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
-from cdscope.gates import _first_tensor
+from cdscope.gates import _first_tensor, _replace_first
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.adapters import architecture_of
 from cdscope.models.discovery import input_tensor
@@ -101,7 +101,7 @@ class EdgeHooks:
         self.arch = architecture_of(model)
         self.plan = eap_plan(model, self.arch)
         self.blocks = list(self.arch.layers(model))
-        self.graph = EdgeGraph.from_architecture(self.arch)
+        self.graph = EdgeGraph.from_plan(self.arch, self.plan)
         self.activations: list[torch.Tensor | None] = [None] * len(self.graph.upstream)
         self.path_inputs: list[torch.Tensor | None] = [None] * len(self.graph.consumers)
         self._stash: dict[str, torch.Tensor] = {}
@@ -136,16 +136,16 @@ class EdgeHooks:
         consumer = 0
         for k, reads in enumerate(self.plan):
             w = reads.write
-            add(get(w.path).register_forward_hook(self._record(k + 1)))
+            add(get(w.path).register_forward_hook(self._record(k + 1, w.scale)))
             stream = reads.pre_norm or w.sublayer  # the module whose input is the stream
             norm = get(reads.pre_norm) if reads.pre_norm else None
-            if w.role == "attn" or reads.shared_norm or norm is None:
+            if reads.projections or reads.shared_norm or norm is None:
                 hook = self._stash_input(stream)
                 add(get(stream).register_forward_pre_hook(hook, with_kwargs=True))
-            if w.role == "attn" and reads.split is not None:
-                hook = self._fused_qkv(consumer, stream, norm, reads.split)
+            if reads.columns is not None:
+                hook = self._fused_qkv(consumer, stream, norm, reads.columns)
                 add(get(reads.projections[0]).register_forward_hook(hook))
-            elif w.role == "attn":
+            elif reads.projections:
                 for p, proj in enumerate(reads.projections):
                     hook = self._path_rerun(consumer + p, stream, norm)
                     add(get(proj).register_forward_pre_hook(hook, with_kwargs=True))
@@ -154,7 +154,7 @@ class EdgeHooks:
                 add(get(w.sublayer).register_forward_pre_hook(hook, with_kwargs=True))
             else:
                 add(norm.register_forward_pre_hook(self._path_alias(consumer), with_kwargs=True))
-            consumer += 3 if w.role == "attn" else 1
+            consumer += len(reads.paths)
         final = get(self.arch.final_norm)
         add(final.register_forward_pre_hook(self._path_alias(consumer), with_kwargs=True))
 
@@ -169,9 +169,15 @@ class EdgeHooks:
         self.activations[0] = x.detach()
         return _replace_input(args, kwargs, x)
 
-    def _record(self, index: int):  # noqa: ANN202 - torch hook signature
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            self.activations[index] = _first_tensor(output).detach()
+    def _record(self, index: int, scale: float):  # noqa: ANN202 - torch hook signature
+        """a_u = s_k * output (the block adds s_k times the module output). The forward
+        continues with a copy: blocks that add into the output in place (Falcon's
+        ``mlp_output += attention_output``) must not change the recorded write."""
+
+        def hook(module: nn.Module, args: tuple, output: object) -> object:
+            write = _first_tensor(output)
+            self.activations[index] = (write.detach() * scale) if scale != 1 else write.detach()
+            return _replace_first(output, write.clone())
 
         return hook
 
@@ -190,7 +196,11 @@ class EdgeHooks:
 
         return hook
 
-    def _fused_qkv(self, consumer: int, stream: str, norm: nn.Module | None, split: tuple):  # noqa: ANN202
+    def _fused_qkv(self, consumer: int, stream: str, norm: nn.Module | None, columns: tuple):  # noqa: ANN202
+        """Rebuild the fused output from its q, k, v column sets (``cdscope.eap_layout``),
+        each computed from its own normed alias, and put the columns back in place."""
+        inverse = torch.argsort(torch.cat(columns))
+
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             linear = isinstance(module, nn.Linear)  # else GPT-2 Conv1D: out = x @ W + b
             weight, bias = module.weight, module.bias
@@ -199,14 +209,13 @@ class EdgeHooks:
                     "eap-info re-runs the fused q/k/v projection, which cannot be offloaded "
                     "to disk: raise --max-memory so the attention layers stay in memory"
                 )
-            if output.shape[-1] != sum(split):
+            if output.shape[-1] != len(inverse):
                 raise CdscopeError(f"unexpected fused q/k/v projection {module!r}")
-            parts, start = [], 0
-            for p, width in enumerate(split):
+            parts = []
+            for p, cols in enumerate(columns):
                 alias = self._alias(consumer + p, self._stash[stream])
                 normed = norm.forward(alias) if norm else alias
-                cols = slice(start, start + width)
-                start += width
+                cols = cols.to(weight.device)
                 if linear:
                     part = nn.functional.linear(
                         normed, weight[cols], None if bias is None else bias[cols]
@@ -215,9 +224,9 @@ class EdgeHooks:
                     flat = torch.addmm(
                         bias[cols], normed.reshape(-1, normed.shape[-1]), weight[:, cols]
                     )
-                    part = flat.view(*normed.shape[:-1], width)
+                    part = flat.view(*normed.shape[:-1], len(cols))
                 parts.append(part)
-            return torch.cat(parts, dim=-1)
+            return torch.cat(parts, dim=-1)[..., inverse.to(output.device)]
 
         return hook
 

@@ -183,3 +183,15 @@ def test_single_paths_match_brute_force(name: str) -> None:
             np.testing.assert_allclose(
                 -eap, exact.item(), rtol=0, atol=2e-6 * scale, err_msg=f"{up} {path}"
             )
+
+
+def test_falcon_attention_reads_its_own_norm_even_when_both_norms_are_equal() -> None:
+    """Freshly initialised ln_attn and ln_mlp give equal outputs; the attention reads
+    ln_attn's output tensor itself (its storage), so that is its pre-norm, not ln_mlp."""
+    from cdscope.models.adapters import architecture_of
+
+    model = _model("falcon-new")
+    block = model.transformer.h[0]
+    assert torch.equal(block.ln_attn.weight, block.ln_mlp.weight)
+    attn, mlp = architecture_of(model).layer_writes(0)
+    assert attn.pre_norm == "transformer.h.0.ln_attn" and mlp.pre_norm == "transformer.h.0.ln_mlp"

@@ -144,7 +144,9 @@ def fused_columns(model: nn.Module, fused_path: str, attention_path: str, where:
     fused, attention = model.get_submodule(fused_path), model.get_submodule(attention_path)
     layouts = candidate_layouts(model, attention, fused)
     if not layouts:
-        raise CdscopeError(f"{where}: fused projection {fused_path} does not have q + k + v columns")
+        raise CdscopeError(
+            f"{where}: fused projection {fused_path} does not have q + k + v columns"
+        )
     base = _output_with_zeroed(model, fused, attention, torch.arange(0), 0)
     for layout in layouts:
         if confirms(model, fused, attention, layout, base):

@@ -184,7 +184,6 @@ def gate_gradient(model: torch.nn.Module, batch, embedding: torch.nn.Module):  #
     from cdscope.control import frozen_parameters
     from cdscope.gates import GatedModel
     from cdscope.likelihood import row_target_logprobs
-
     from cdscope.models.adapters import architecture_of
 
     architecture_of(model)  # discovered and proven before the h_0 scalar is hooked in

@@ -82,7 +82,7 @@ def test_commands_on_a_local_checkpoint(model_type: str, pool: Path, tmp_path: P
     roles = [tuple(w["role"] for w in layer["writes"]) for layer in record["layers"]]
     assert tuple(roles[:2]) == ROLES[model_type]
     K = record["K"]  # noqa: N806
-    assert K == sum(map(len, roles)) and record["proof"]["unit_gates_exact"]
+    assert sum(map(len, roles)) == K and record["proof"]["unit_gates_exact"]
     assert record["eap_info"] == "yes"
 
     out = tmp_path / "probe.parquet"

@@ -268,12 +268,19 @@ def test_unsupported_architectures_are_refused_with_a_reason() -> None:
         EdgeHooks(coverage.tiny_model("codegen"))
 
 
-#: the layouts beyond the ordinary q/k/v decoder (issue 12), from the coverage configs:
-#: interleaved fused q/k/v (GPT-NeoX per head, Falcon per key/value group), latent attention
-#: read through (q, kv) (DeepSeek-V3; MiniCPM3 with a residual multiplier), hybrids whose
-#: mixers read through one path (Jamba, Bamba, Falcon-H1 with a mixer parallel to the
-#: attention, GraniteMoeHybrid with an MoE and a shared MLP on one norm, Qwen3-Next)
+#: layouts beyond the ordinary q/k/v decoder (issue 12), from the coverage configs:
+#: post-norm-only blocks (OLMo-2), parallel with a shared norm (GPT-J), MoE, fused GQA
+#: [q | k | v] (Phi-3), interleaved fused q/k/v (GPT-NeoX per head, Falcon per key/value
+#: group), latent attention read through (q, kv) (DeepSeek-V3; MiniCPM3 with a residual
+#: multiplier), hybrids whose mixers read through one path (Jamba, Bamba, Falcon-H1 with a
+#: mixer parallel to the attention, GraniteMoeHybrid with an MoE and a shared MLP on one
+#: norm, Qwen3-Next)
 NEW_LAYOUTS = [
+    "olmo2",
+    "gptj",
+    "mixtral",
+    "phi3",
+    "qwen2_moe",
     "gpt_neox",
     "falcon",
     "deepseek_v3",

@@ -88,7 +88,7 @@ def test_wrong_layouts_fail_the_check() -> None:
     assert not confirms(model, fused, attention, (q, v, k), base)
     blocks = tuple(torch.arange(fused.out_features).chunk(3))
     candidates = candidate_layouts(model, attention, fused)
-    assert any(all(torch.equal(a, b) for a, b in zip(c, blocks)) for c in candidates)
+    assert any(all(torch.equal(a, b) for a, b in zip(c, blocks, strict=True)) for c in candidates)
     assert not confirms(model, fused, attention, blocks, base)
 
 
@@ -155,7 +155,10 @@ def _paths_of(model, name: str, layer: int):  # noqa: ANN001, ANN202
         return block.input_layernorm, {"q": (fused, q), "k": (fused, k), "v": (fused, v)}
     block = model.model.layers[layer]  # deepseek_v3
     attn = block.self_attn
-    return block.input_layernorm, {"q": (attn.q_a_proj, None), "kv": (attn.kv_a_proj_with_mqa, None)}
+    return block.input_layernorm, {
+        "q": (attn.q_a_proj, None),
+        "kv": (attn.kv_a_proj_with_mqa, None),
+    }
 
 
 @pytest.mark.parametrize("name", ["gpt_neox", "deepseek_v3"])

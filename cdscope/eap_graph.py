@@ -219,10 +219,16 @@ def eap_plan(model: nn.Module, arch: Architecture | None = None) -> list[Reads]:
     return [_reads(model, arch, w, fused) for w in arch.writes]
 
 
+def eap_support_and_plan(
+    model: nn.Module, arch: Architecture | None = None
+) -> tuple[str, list[Reads] | None]:
+    """``("yes", plan)`` when eap-info supports ``model``, else ``(reason, None)``."""
+    try:
+        return "yes", eap_plan(model, arch)
+    except CdscopeError as exc:
+        return str(exc).removeprefix("eap-info: "), None
+
+
 def eap_support(model: nn.Module, arch: Architecture | None = None) -> str:
     """``"yes"`` when eap-info supports ``model``, else the one-line reason."""
-    try:
-        eap_plan(model, arch)
-    except CdscopeError as exc:
-        return str(exc).removeprefix("eap-info: ")
-    return "yes"
+    return eap_support_and_plan(model, arch)[0]

@@ -6,7 +6,8 @@ Each checkpoint is a coverage config (``cdscope.models.coverage.tiny_config``) i
 with every 1-D parameter (norm weights, biases) drawn at random too, so that norms that
 are equal at initialisation (Falcon's ln_attn and ln_mlp) are told apart. Checked:
 
-- inspect: K, the roles per layer (those of tests/test_architectures.py), the proof;
+- inspect: K, the roles per layer (those of tests/test_architectures.py), the proof,
+  the eap paths of every write (q/k/v, q/kv for DeepSeek-V3's latent attention, in);
 - probe: C finite, of shape M x K, gates in the inspected roles' order;
 - bshared: finite measures, B_shared_C in (0, 1];
 - eap-info: one row per sample, E edges, and per node the consistency identity
@@ -84,6 +85,9 @@ def test_commands_on_a_local_checkpoint(model_type: str, pool: Path, tmp_path: P
     K = record["K"]  # noqa: N806
     assert sum(map(len, roles)) == K and record["proof"]["unit_gates_exact"]
     assert record["eap_info"] == "yes"
+    attention = ["q", "kv"] if model_type == "deepseek_v3" else ["q", "k", "v"]
+    for w in (w for layer in record["layers"] for w in layer["writes"]):
+        assert w["eap_paths"] == (attention if w["role"] == "attn" else ["in"])
 
     out = tmp_path / "probe.parquet"
     result = invoke("probe", "--model", directory, "--probe", pool, "--n", N, "--out", out)

@@ -4,19 +4,24 @@ Graph (``cdscope.eap_graph``, built from the same architecture description as th
 An ordinary decoder with L layers has the nodes ``emb`` (the residual stream's initial
 state h_0, the first block's input), ``attn{l}`` and ``mlp{l}`` (their residual writes:
 the very modules the gates of ``cdscope.gates`` multiply) and ``logits``; MoE blocks
-give ``moe{l}`` nodes, parallel-residual blocks read their block input. In topological order emb = 0,
+give ``moe{l}`` nodes, SSM / linear-attention / convolution mixers ``mixer{l}`` nodes,
+parallel-residual blocks read their block input. In topological order emb = 0,
 attn{l} = 2l + 1, mlp{l} = 2l + 2, logits = 2L + 1, and every node reads the residual
 stream, the sum of all writes before it:
 
-    x_v = sum_{u before v} a_u
+    x_v = sum_{u before v} a_u        (a_u = s_u * module output; s_u = 1 but for
+                                       residual multipliers such as MiniCPM's)
 
 A node reads x_v through one or more *paths*: an attention node through three (q, k, v:
-one shared pre-attention norm feeding three projections), an MLP node through its
-pre-MLP norm, the logits through the final norm. An edge (u -> v, path) exists for every
-u before v, so there are 3(2l+1) edges into attn{l}, 2l+2 into mlp{l} and 2L+1 into
-the logits:
+one shared pre-attention norm feeding three projections) or two (q, kv: multi-head
+latent attention, where ``kv_a_proj_with_mqa`` feeds both k and v), an MLP / MoE / mixer
+node through its pre-norm (``in``), the logits through the final norm. An edge
+(u -> v, path) exists for every u before v, so there are 3(2l+1) edges into attn{l},
+2l+2 into mlp{l} and 2L+1 into the logits:
 
     E = sum_l [3(2l+1) + (2l+2)] + (2L+1) = 4L^2 + 3L + 1          (L = 28: 3221)
+
+(3L^2 + 3L + 1 with latent attention; see ``cdscope.eap_graph`` for the general count.)
 
 Scores (SPEC §6). Zero-ablating u on one path changes only that path's input, by -a_u;
 to first order the change of the loss is
@@ -34,15 +39,20 @@ Hooks record a_u (the first block's input and the described write modules).
 Forward pre-hooks give every consumer path its own alias x_{v,p} of the residual
 stream (a view: no copy, but a separate autograd node):
 
-- q/k/v: a pre-hook on the pre-attention norm stashes its input x; pre-hooks on the
-  q/k/v projections replace their input by ``norm.forward(alias_p(x))``, so the shared
-  norm is re-run once per path and its original output goes unused. GPT-2 fuses q, k, v
-  into one ``Conv1D`` (c_attn); its output is rebuilt from the three column blocks of its
-  weight, each applied to its own normed alias (the same ``addmm`` Conv1D runs).
-  Other fused [q | k | v] projections (Phi-3's qkv_proj) are split the same way.
-- MLP / MoE and logits: a pre-hook on the pre-MLP norm / final norm replaces its input
-  by an alias; where the pre-norm is shared with the attention (GPT-J's ln_1), a pre-hook
-  on the MLP replaces its input by ``norm.forward(alias_p(x))`` instead.
+- q/k/v (or q/kv): a pre-hook on the pre-attention norm stashes its input x; pre-hooks on
+  the projections replace their input by ``norm.forward(alias_p(x))``, so the shared
+  norm is re-run once per path and its original output goes unused. A fused projection
+  (GPT-2's ``Conv1D`` c_attn, Phi-3's qkv_proj, GPT-NeoX / Falcon / Persimmon
+  query_key_value) is rebuilt from its q, k and v output column sets — contiguous
+  blocks or interleaved per head / per key-value group, as confirmed on the model by
+  ``cdscope.eap_layout`` — each applied to its own normed alias (the same ``addmm`` /
+  ``linear`` the module runs), and the columns put back in their places.
+- MLP / MoE / mixer and logits: a pre-hook on the pre-norm / final norm replaces its
+  input by an alias; where the pre-norm is shared with another node (GPT-J's ln_1), a
+  pre-hook on the sublayer replaces its input by ``norm.forward(alias_p(x))`` instead.
+- Writes are recorded as s_u * output, and the forward continues with a copy of the
+  output, so that a block adding into it in place (Falcon: ``mlp_output +=
+  attention_output``) leaves the recorded a_u intact.
 
 ``torch.autograd.grad(sum_b Loss_b, aliases)`` then yields every path gradient at once
 (rows are independent, so each row's gradient is that sample's), and per row

@@ -2,23 +2,36 @@
 architecture description (SPEC §6, issue 12).
 
 Nodes: ``emb`` (h_0, the first block's input), one node per residual write of the
-architecture description (``attn{l}``, ``mlp{l}``, ``moe{l}``: the gated modules) and
-``logits``. A write node reads the stream through paths: an attention node through
-three (q, k, v projections, separate or one fused projection split into its column
-blocks), an MLP / MoE node through one (``in``), the logits through the final norm. A
-sequential node reads every write before it; a parallel one (GPT-J, GPT-NeoX, Falcon)
-reads the block input, i.e. every write before its block's first write. An edge
-(u -> v, path) exists for every u that v reads. For an ordinary L-layer sequential
-decoder this is
+architecture description (``attn{l}``, ``mlp{l}``, ``moe{l}``, ``mixer{l}``: the gated
+modules) and ``logits``. A write node reads the stream through paths:
 
-    E = sum_l [3(2l+1) + (2l+2)] + (2L+1) = 4L^2 + 3L + 1          (L = 28: 3221)
+- attention through three, ``q``, ``k``, ``v`` (separate projections, or one fused
+  projection split into its q, k, v output column sets: ``cdscope.eap_layout``), or
+  through two, ``q`` and ``kv``, for multi-head latent attention (DeepSeek-V2/V3,
+  MiniCPM3, GLM-4-MoE-Lite): q through ``q_a_proj`` (``q_proj`` without a q LoRA), k and
+  v both through ``kv_a_proj_with_mqa``;
+- an MLP, MoE or mixer (SSM / linear attention / convolution) node through one, ``in``
+  (its pre-norm, or the stream itself);
+- the logits through the final norm.
 
-Supported: every write is ``attn`` / ``mlp`` / ``moe``; attention reads its input through
-exactly q, k, v projections or one fused projection whose columns are [q | k | v]
-(checked on the model: zeroing the presumed q and k columns at position 0 leaves the
-attention output at position 0 unchanged, zeroing the v columns does not); the LM head
-reads the last block through a module (the final norm); every node reads the stream
-through a pre-norm or directly (OLMo-2). Anything else is refused with a one-line reason.
+A sequential node reads every write before it; a parallel one (GPT-J, GPT-NeoX, Falcon)
+reads the block input, i.e. every write before its block's first write; a node whose
+pre-norm an earlier write of its block already used reads what that write reads
+(GraniteMoeHybrid's MoE and shared MLP, Falcon-H1's mixer and attention). An edge
+(u -> v, path) exists for every u that v reads. With P_l paths into layer l's attention
+(3, or 2 for latent attention), an ordinary sequential L-layer decoder has
+
+    E = sum_l [P_l (2l+1) + (2l+2)] + (2L+1)
+      = 4L^2 + 3L + 1   (P = 3; L = 28: 3221)     = 3L^2 + 3L + 1   (P = 2; L = 61: 11347)
+
+Supported: every node reads the stream through a pre-norm or directly (OLMo-2);
+attention reads it through exactly q, k, v projections, latent q + kv_a_proj_with_mqa,
+or one fused projection whose q/k/v column layout the model confirms (zeroing q and k
+columns at position 0 leaves attention output 0 unchanged, zeroing v does not; zeroing q
+at position 1 leaves later rows unchanged, zeroing k does not); the LM head reads the
+last block through a module (the final norm). Anything else (an attention with an extra
+reader such as DeepSeek-V3.2's indexer or an output gate projection, a sublayer fed by no
+identifiable norm) is refused with a one-line reason.
 """
 
 from __future__ import annotations

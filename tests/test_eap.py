@@ -270,11 +270,11 @@ def test_unsupported_architectures_are_refused_with_a_reason() -> None:
 
 #: layouts beyond the ordinary q/k/v decoder (issue 12), from the coverage configs:
 #: post-norm-only blocks (OLMo-2), parallel with a shared norm (GPT-J), MoE, fused GQA
-#: [q | k | v] (Phi-3), interleaved fused q/k/v (GPT-NeoX per head, Falcon per key/value
-#: group), latent attention read through (q, kv) (DeepSeek-V3; MiniCPM3 with a residual
-#: multiplier), hybrids whose mixers read through one path (Jamba, Bamba, Falcon-H1 with a
-#: mixer parallel to the attention, GraniteMoeHybrid with an MoE and a shared MLP on one
-#: norm, Qwen3-Next)
+#: [q | k | v] (Phi-3) and multi-query [q | k | v] (GPTBigCode), interleaved fused q/k/v
+#: (GPT-NeoX per head, Falcon per key/value group), latent attention read through (q, kv)
+#: (DeepSeek-V3; MiniCPM3 with a residual multiplier), hybrids whose mixers read through
+#: one path (Jamba, Bamba, Falcon-H1 with a mixer parallel to the attention,
+#: GraniteMoeHybrid with an MoE and a shared MLP on one norm, Qwen3-Next)
 NEW_LAYOUTS = [
     "olmo2",
     "gptj",
@@ -283,6 +283,7 @@ NEW_LAYOUTS = [
     "qwen2_moe",
     "gpt_neox",
     "falcon",
+    "gpt_bigcode",
     "deepseek_v3",
     "minicpm3",
     "jamba",
@@ -295,10 +296,14 @@ NEW_LAYOUTS = [
 
 @pytest.mark.parametrize("model_type", NEW_LAYOUTS)
 def test_outgoing_sums_equal_minus_gate_gradient_on_new_layouts(model_type: str) -> None:
-    """Twin (a) on float64 coverage models, h_0 gated at the token embeddings."""
+    """Twin (a) on float64 coverage models, h_0 gated at the token embeddings (after the
+    learned positions are added, where there are some)."""
     model, batch = coverage.tiny_model(model_type), coverage.random_batch()
     result = edge_scores(model, batch)
-    expected = gate_gradient(model, batch, model.get_input_embeddings())
+    learned = hasattr(getattr(model, "transformer", None), "wpe")
+    expected = gate_gradient(
+        model, batch, model.transformer.drop if learned else model.get_input_embeddings()
+    )
     summed = np.zeros_like(expected)
     for b in range(batch.B):
         np.add.at(summed[b], result.graph.edge_up, result.scores[b])

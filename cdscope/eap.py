@@ -4,19 +4,24 @@ Graph (``cdscope.eap_graph``, built from the same architecture description as th
 An ordinary decoder with L layers has the nodes ``emb`` (the residual stream's initial
 state h_0, the first block's input), ``attn{l}`` and ``mlp{l}`` (their residual writes:
 the very modules the gates of ``cdscope.gates`` multiply) and ``logits``; MoE blocks
-give ``moe{l}`` nodes, parallel-residual blocks read their block input. In topological order emb = 0,
+give ``moe{l}`` nodes, SSM / linear-attention / convolution mixers ``mixer{l}`` nodes,
+parallel-residual blocks read their block input. In topological order emb = 0,
 attn{l} = 2l + 1, mlp{l} = 2l + 2, logits = 2L + 1, and every node reads the residual
 stream, the sum of all writes before it:
 
-    x_v = sum_{u before v} a_u
+    x_v = sum_{u before v} a_u        (a_u = s_u * module output; s_u = 1 but for
+                                       residual multipliers such as MiniCPM's)
 
 A node reads x_v through one or more *paths*: an attention node through three (q, k, v:
-one shared pre-attention norm feeding three projections), an MLP node through its
-pre-MLP norm, the logits through the final norm. An edge (u -> v, path) exists for every
-u before v, so there are 3(2l+1) edges into attn{l}, 2l+2 into mlp{l} and 2L+1 into
-the logits:
+one shared pre-attention norm feeding three projections) or two (q, kv: multi-head
+latent attention, where ``kv_a_proj_with_mqa`` feeds both k and v), an MLP / MoE / mixer
+node through its pre-norm (``in``), the logits through the final norm. An edge
+(u -> v, path) exists for every u before v, so there are 3(2l+1) edges into attn{l},
+2l+2 into mlp{l} and 2L+1 into the logits:
 
     E = sum_l [3(2l+1) + (2l+2)] + (2L+1) = 4L^2 + 3L + 1          (L = 28: 3221)
+
+(3L^2 + 3L + 1 with latent attention; see ``cdscope.eap_graph`` for the general count.)
 
 Scores (SPEC §6). Zero-ablating u on one path changes only that path's input, by -a_u;
 to first order the change of the loss is
@@ -34,15 +39,20 @@ Hooks record a_u (the first block's input and the described write modules).
 Forward pre-hooks give every consumer path its own alias x_{v,p} of the residual
 stream (a view: no copy, but a separate autograd node):
 
-- q/k/v: a pre-hook on the pre-attention norm stashes its input x; pre-hooks on the
-  q/k/v projections replace their input by ``norm.forward(alias_p(x))``, so the shared
-  norm is re-run once per path and its original output goes unused. GPT-2 fuses q, k, v
-  into one ``Conv1D`` (c_attn); its output is rebuilt from the three column blocks of its
-  weight, each applied to its own normed alias (the same ``addmm`` Conv1D runs).
-  Other fused [q | k | v] projections (Phi-3's qkv_proj) are split the same way.
-- MLP / MoE and logits: a pre-hook on the pre-MLP norm / final norm replaces its input
-  by an alias; where the pre-norm is shared with the attention (GPT-J's ln_1), a pre-hook
-  on the MLP replaces its input by ``norm.forward(alias_p(x))`` instead.
+- q/k/v (or q/kv): a pre-hook on the pre-attention norm stashes its input x; pre-hooks on
+  the projections replace their input by ``norm.forward(alias_p(x))``, so the shared
+  norm is re-run once per path and its original output goes unused. A fused projection
+  (GPT-2's ``Conv1D`` c_attn, Phi-3's qkv_proj, GPT-NeoX / Falcon / Persimmon
+  query_key_value) is rebuilt from its q, k and v output column sets — contiguous
+  blocks or interleaved per head / per key-value group, as confirmed on the model by
+  ``cdscope.eap_layout`` — each applied to its own normed alias (the same ``addmm`` /
+  ``linear`` the module runs), and the columns put back in their places.
+- MLP / MoE / mixer and logits: a pre-hook on the pre-norm / final norm replaces its
+  input by an alias; where the pre-norm is shared with another node (GPT-J's ln_1), a
+  pre-hook on the sublayer replaces its input by ``norm.forward(alias_p(x))`` instead.
+- Writes are recorded as s_u * output, and the forward continues with a copy of the
+  output, so that a block adding into it in place (Falcon: ``mlp_output +=
+  attention_output``) leaves the recorded a_u intact.
 
 ``torch.autograd.grad(sum_b Loss_b, aliases)`` then yields every path gradient at once
 (rows are independent, so each row's gradient is that sample's), and per row
@@ -67,7 +77,7 @@ from cdscope.control import frozen_parameters, row_chunks
 from cdscope.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
-from cdscope.gates import first_tensor
+from cdscope.gates import first_tensor, replace_first
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.adapters import architecture_of
 from cdscope.models.discovery import input_tensor
@@ -101,7 +111,7 @@ class EdgeHooks:
         self.arch = architecture_of(model)
         self.plan = eap_plan(model, self.arch)
         self.blocks = list(self.arch.layers(model))
-        self.graph = EdgeGraph.from_architecture(self.arch)
+        self.graph = EdgeGraph.from_plan(self.arch, self.plan)
         self.activations: list[torch.Tensor | None] = [None] * len(self.graph.upstream)
         self.path_inputs: list[torch.Tensor | None] = [None] * len(self.graph.consumers)
         self._stash: dict[str, torch.Tensor] = {}
@@ -136,16 +146,16 @@ class EdgeHooks:
         consumer = 0
         for k, reads in enumerate(self.plan):
             w = reads.write
-            add(get(w.path).register_forward_hook(self._record(k + 1)))
+            add(get(w.path).register_forward_hook(self._record(k + 1, w.scale)))
             stream = reads.pre_norm or w.sublayer  # the module whose input is the stream
             norm = get(reads.pre_norm) if reads.pre_norm else None
-            if w.role == "attn" or reads.shared_norm or norm is None:
+            if reads.projections or reads.shared_norm or norm is None:
                 hook = self._stash_input(stream)
                 add(get(stream).register_forward_pre_hook(hook, with_kwargs=True))
-            if w.role == "attn" and reads.split is not None:
-                hook = self._fused_qkv(consumer, stream, norm, reads.split)
+            if reads.columns is not None:
+                hook = self._fused_qkv(consumer, stream, norm, reads.columns)
                 add(get(reads.projections[0]).register_forward_hook(hook))
-            elif w.role == "attn":
+            elif reads.projections:
                 for p, proj in enumerate(reads.projections):
                     hook = self._path_rerun(consumer + p, stream, norm)
                     add(get(proj).register_forward_pre_hook(hook, with_kwargs=True))
@@ -154,7 +164,7 @@ class EdgeHooks:
                 add(get(w.sublayer).register_forward_pre_hook(hook, with_kwargs=True))
             else:
                 add(norm.register_forward_pre_hook(self._path_alias(consumer), with_kwargs=True))
-            consumer += 3 if w.role == "attn" else 1
+            consumer += len(reads.paths)
         final = get(self.arch.final_norm)
         add(final.register_forward_pre_hook(self._path_alias(consumer), with_kwargs=True))
 
@@ -169,9 +179,15 @@ class EdgeHooks:
         self.activations[0] = x.detach()
         return _replace_input(args, kwargs, x)
 
-    def _record(self, index: int):  # noqa: ANN202 - torch hook signature
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            self.activations[index] = first_tensor(output).detach()
+    def _record(self, index: int, scale: float):  # noqa: ANN202 - torch hook signature
+        """a_u = s_k * output (the block adds s_k times the module output). The forward
+        continues with a copy: blocks that add into the output in place (Falcon's
+        ``mlp_output += attention_output``) must not change the recorded write."""
+
+        def hook(module: nn.Module, args: tuple, output: object) -> object:
+            write = first_tensor(output)
+            self.activations[index] = (write.detach() * scale) if scale != 1 else write.detach()
+            return replace_first(output, write.clone())
 
         return hook
 
@@ -190,7 +206,11 @@ class EdgeHooks:
 
         return hook
 
-    def _fused_qkv(self, consumer: int, stream: str, norm: nn.Module | None, split: tuple):  # noqa: ANN202
+    def _fused_qkv(self, consumer: int, stream: str, norm: nn.Module | None, columns: tuple):  # noqa: ANN202
+        """Rebuild the fused output from its q, k, v column sets (``cdscope.eap_layout``),
+        each computed from its own normed alias, and put the columns back in place."""
+        inverse = torch.argsort(torch.cat(columns))
+
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             linear = isinstance(module, nn.Linear)  # else GPT-2 Conv1D: out = x @ W + b
             weight, bias = module.weight, module.bias
@@ -199,14 +219,13 @@ class EdgeHooks:
                     "eap-info re-runs the fused q/k/v projection, which cannot be offloaded "
                     "to disk: raise --max-memory so the attention layers stay in memory"
                 )
-            if output.shape[-1] != sum(split):
+            if output.shape[-1] != len(inverse):
                 raise CdscopeError(f"unexpected fused q/k/v projection {module!r}")
-            parts, start = [], 0
-            for p, width in enumerate(split):
+            parts = []
+            for p, cols in enumerate(columns):
                 alias = self._alias(consumer + p, self._stash[stream])
                 normed = norm.forward(alias) if norm else alias
-                cols = slice(start, start + width)
-                start += width
+                cols = cols.to(weight.device)
                 if linear:
                     part = nn.functional.linear(
                         normed, weight[cols], None if bias is None else bias[cols]
@@ -215,9 +234,9 @@ class EdgeHooks:
                     flat = torch.addmm(
                         bias[cols], normed.reshape(-1, normed.shape[-1]), weight[:, cols]
                     )
-                    part = flat.view(*normed.shape[:-1], width)
+                    part = flat.view(*normed.shape[:-1], len(cols))
                 parts.append(part)
-            return torch.cat(parts, dim=-1)
+            return torch.cat(parts, dim=-1)[..., inverse.to(output.device)]
 
         return hook
 

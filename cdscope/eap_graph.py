@@ -2,37 +2,49 @@
 architecture description (SPEC §6, issue 12).
 
 Nodes: ``emb`` (h_0, the first block's input), one node per residual write of the
-architecture description (``attn{l}``, ``mlp{l}``, ``moe{l}``: the gated modules) and
-``logits``. A write node reads the stream through paths: an attention node through
-three (q, k, v projections, separate or one fused projection split into its column
-blocks), an MLP / MoE node through one (``in``), the logits through the final norm. A
-sequential node reads every write before it; a parallel one (GPT-J, GPT-NeoX, Falcon)
-reads the block input, i.e. every write before its block's first write. An edge
-(u -> v, path) exists for every u that v reads. For an ordinary L-layer sequential
-decoder this is
+architecture description (``attn{l}``, ``mlp{l}``, ``moe{l}``, ``mixer{l}``: the gated
+modules) and ``logits``. A write node reads the stream through paths:
 
-    E = sum_l [3(2l+1) + (2l+2)] + (2L+1) = 4L^2 + 3L + 1          (L = 28: 3221)
+- attention through three, ``q``, ``k``, ``v`` (separate projections, or one fused
+  projection split into its q, k, v output column sets: ``cdscope.eap_layout``), or
+  through two, ``q`` and ``kv``, for multi-head latent attention (DeepSeek-V2/V3,
+  MiniCPM3, GLM-4-MoE-Lite): q through ``q_a_proj`` (``q_proj`` without a q LoRA), k and
+  v both through ``kv_a_proj_with_mqa``;
+- an MLP, MoE or mixer (SSM / linear attention / convolution) node through one, ``in``
+  (its pre-norm, or the stream itself);
+- the logits through the final norm.
 
-Supported: every write is ``attn`` / ``mlp`` / ``moe``; attention reads its input through
-exactly q, k, v projections or one fused projection whose columns are [q | k | v]
-(checked on the model: zeroing the presumed q and k columns at position 0 leaves the
-attention output at position 0 unchanged, zeroing the v columns does not); the LM head
-reads the last block through a module (the final norm); every node reads the stream
-through a pre-norm or directly (OLMo-2). Anything else is refused with a one-line reason.
+A sequential node reads every write before it; a parallel one (GPT-J, GPT-NeoX, Falcon)
+reads the block input, i.e. every write before its block's first write; a node whose
+pre-norm an earlier write of its block already used reads what that write reads
+(GraniteMoeHybrid's MoE and shared MLP, Falcon-H1's mixer and attention). An edge
+(u -> v, path) exists for every u that v reads. With P_l paths into layer l's attention
+(3, or 2 for latent attention), an ordinary sequential L-layer decoder has
+
+    E = sum_l [P_l (2l+1) + (2l+2)] + (2L+1)
+      = 4L^2 + 3L + 1   (P = 3; L = 28: 3221)     = 3L^2 + 3L + 1   (P = 2; L = 61: 11347)
+
+Supported: every node reads the stream through a pre-norm or directly (OLMo-2);
+attention reads it through exactly q, k, v projections, latent q + kv_a_proj_with_mqa,
+or one fused projection whose q/k/v column layout the model confirms (zeroing q and k
+columns at position 0 leaves attention output 0 unchanged, zeroing v does not; zeroing q
+at position 1 leaves later rows unchanged, zeroing k does not); the LM head reads the
+last block through a module (the final norm). Anything else (an attention with an extra
+reader such as DeepSeek-V3.2's indexer or an output gate projection, a sublayer fed by no
+identifiable norm) is refused with a one-line reason.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
+from cdscope.eap_layout import fused_columns
 from cdscope.errors import CdscopeError
-from cdscope.models import discovery as d
 from cdscope.models.adapters import Architecture, Write, architecture_of
-from cdscope.models.placement import execution_device
 
 PATHS = ("q", "k", "v")
 
@@ -58,20 +70,35 @@ class EdgeGraph:
     edge_cons: np.ndarray
 
     @classmethod
-    def build(cls, num_layers: int, writes: list[tuple[int, str, bool]]) -> EdgeGraph:
-        """``writes``: ``(layer, role, parallel)`` in gate order."""
+    def build(
+        cls,
+        num_layers: int,
+        writes: list[tuple[int, str, bool]],
+        paths: list[tuple[str, ...]] | None = None,
+        reads: list[int] | None = None,
+    ) -> EdgeGraph:
+        """``writes``: ``(layer, role, parallel)`` in gate order; ``paths``: each write's
+        reading paths (default: q, k, v for ``attn``, else ``in``); ``reads``: how many
+        upstream nodes each write reads (default: all before it, or all before its block's
+        first write when parallel)."""
         if num_layers < 1:
             raise ValueError(f"a graph needs at least one layer; got {num_layers}")
-        upstream, consumers, reads_at, first = ["emb"], [], [], {}
-        for k, (layer, role, parallel) in enumerate(writes):
+        if paths is None:
+            paths = [PATHS if role == "attn" else ("in",) for _, role, _ in writes]
+        if reads is None:
+            first: dict[int, int] = {}
+            reads = []
+            for k, (layer, _, parallel) in enumerate(writes):
+                start = first.setdefault(layer, k + 1)
+                reads.append(start if parallel else k + 1)
+        upstream, consumers, reads_at = ["emb"], [], []
+        for (layer, role, _), node_paths, count in zip(writes, paths, reads, strict=True):
             name = f"{role}{layer}"
             while name in upstream:
                 name += "'"
             upstream.append(name)
-            first.setdefault(layer, k + 1)
-            paths = PATHS if role == "attn" else ("in",)
-            consumers += [(name, p) for p in paths]
-            reads_at += [first[layer] if parallel else k + 1] * len(paths)
+            consumers += [(name, p) for p in node_paths]
+            reads_at += [count] * len(node_paths)
         consumers.append(("logits", "in"))
         reads_at.append(len(upstream))
         up, cons = np.nonzero(np.arange(len(upstream))[:, None] < np.array(reads_at)[None, :])
@@ -84,8 +111,17 @@ class EdgeGraph:
         return cls.build(num_layers, writes)
 
     @classmethod
-    def from_architecture(cls, arch: Architecture) -> EdgeGraph:
-        return cls.build(arch.num_layers, [(w.layer, w.role, w.parallel) for w in arch.writes])
+    def from_plan(cls, arch: Architecture, plan: list[Reads]) -> EdgeGraph:
+        """The graph of a model: its writes, read through the paths of ``eap_plan``. A write
+        whose pre-norm an earlier write of its block already used reads that write's input
+        (GraniteMoeHybrid's MoE and shared MLP both read post_attention_layernorm)."""
+        reads, first, norms = [], {}, {}
+        for k, r in enumerate(plan):
+            start = first.setdefault(r.write.layer, k + 1)
+            own = start if r.write.parallel else k + 1
+            reads.append(norms.setdefault((r.write.layer, r.pre_norm), own) if r.pre_norm else own)
+        writes = [(w.layer, w.role, w.parallel) for w in arch.writes]
+        return cls.build(arch.num_layers, writes, [r.paths for r in plan], reads)
 
     @property
     def E(self) -> int:  # noqa: N802 - the SPEC's symbol
@@ -115,13 +151,14 @@ class EdgeGraph:
 
 @dataclass(frozen=True)
 class Reads:
-    """How one write node reads the stream: its pre-norm and its input modules."""
+    """How one write node reads the stream: its pre-norm, paths and input modules."""
 
     write: Write
     pre_norm: str | None  # the norm whose input is the stream; None: the sublayer reads it
     shared_norm: bool  # the pre-norm also feeds another node (GPT-J's ln_1)
-    projections: tuple[str, ...]  # attn: q, k, v paths, or one fused projection
-    split: tuple[int, int, int] | None  # fused: column widths of q, k, v
+    paths: tuple[str, ...]  # ("q", "k", "v"), ("q", "kv") (latent attention) or ("in",)
+    projections: tuple[str, ...] = ()  # one module per path, or one fused q/k/v module
+    columns: tuple[torch.Tensor, ...] | None = field(default=None, compare=False)  # fused
 
 
 def _path_key(name: str) -> str:
@@ -131,40 +168,41 @@ def _path_key(name: str) -> str:
     return key[1:] if len(key) == 2 and key[0] == "w" else key
 
 
-def _qkv_order(readers: tuple[str, ...]) -> tuple[str, ...] | None:
+def _ordered(readers: tuple[str, ...], keys: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
+    """One reader per path, in path order: ``keys`` maps a path to its accepted name keys."""
     order = []
-    for p in PATHS:
-        hits = [r for r in readers if _path_key(r) == p]
+    for accepted in keys.values():
+        hits = [r for r in readers if _path_key(r) in accepted]
         if len(hits) != 1:
             return None
         order.append(hits[0])
-    return tuple(order)
+    return tuple(order) if len(readers) == len(keys) else None
 
 
-def _fused_split(model: nn.Module, module: nn.Module) -> tuple[int, int, int] | None:
-    config = d.text_config(model)
-    heads = getattr(config, "num_attention_heads", None)
-    if not heads:
-        return None
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    weight = getattr(module, "weight", None)
-    if weight is None or weight.dim() != 2:
-        return None
-    width = weight.shape[0] if isinstance(module, nn.Linear) else weight.shape[1]
-    q, k = heads * head_dim, kv * head_dim
-    if 3 * q == width:  # multi-head: three equal blocks (GPT-2 c_attn)
-        return (q, q, q)
-    return (q, k, k) if q + 2 * k == width else None  # grouped-query (Phi-3 qkv_proj)
+#: multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): q through q_a_proj (or q_proj
+#: without a q LoRA), k and v both through kv_a_proj_with_mqa
+LATENT = {"q": ("q_a", "q"), "kv": ("kv_a_with_mqa",)}
 
 
-def _reads(model: nn.Module, arch: Architecture, w: Write) -> Reads:
+def _attention_reads(model: nn.Module, w: Write, where: str, shared: bool) -> Reads:
+    qkv = _ordered(w.readers, {p: (p,) for p in PATHS})
+    if qkv is not None:
+        return Reads(w, w.pre_norm, shared, PATHS, qkv)
+    latent = _ordered(w.readers, LATENT)
+    if latent is not None:
+        return Reads(w, w.pre_norm, shared, tuple(LATENT), latent)
+    if len(w.readers) == 1:
+        columns = fused_columns(model, w.readers[0], w.sublayer, where)
+        return Reads(w, w.pre_norm, shared, PATHS, w.readers, columns)
+    names = ", ".join(r.rsplit(".", 1)[-1] for r in w.readers) or "no module inside the write"
+    raise CdscopeError(
+        f"{where}: attention reads its input through {names}, not q/k/v "
+        "(nor latent q + kv_a_proj_with_mqa)"
+    )
+
+
+def _reads(model: nn.Module, arch: Architecture, w: Write, fused: dict) -> Reads:
     where = f"eap-info: {arch.model_type} layer {w.layer}"
-    if w.role not in ("attn", "mlp", "moe"):
-        raise CdscopeError(
-            f"{where} has a {w.role} write (SSM / linear-attention / conv mixer): "
-            "edges need attention read through q/k/v projections"
-        )
     if w.pre_norm is None and not w.reads_stream:
         raise CdscopeError(
             f"{where}: neither a norm nor the stream itself feeds its {w.role} sublayer "
@@ -173,58 +211,16 @@ def _reads(model: nn.Module, arch: Architecture, w: Write) -> Reads:
     shared = w.pre_norm is not None and (
         sum(1 for o in arch.layer_writes(w.layer) if o.pre_norm == w.pre_norm) > 1
     )
-    if w.role != "attn":
-        return Reads(w, w.pre_norm, shared, (), None)
-    qkv = _qkv_order(w.readers)
-    if qkv is not None and len(w.readers) == 3:
-        return Reads(w, w.pre_norm, shared, qkv, None)
-    if len(w.readers) == 1:
-        split = _fused_split(model, model.get_submodule(w.readers[0]))
-        if split is not None:
-            return Reads(w, w.pre_norm, shared, w.readers, split)
-        raise CdscopeError(
-            f"{where}: fused projection {w.readers[0]} does not have q + k + v columns"
-        )
-    names = ", ".join(r.rsplit(".", 1)[-1] for r in w.readers) or "no module inside the write"
-    raise CdscopeError(f"{where}: attention reads its input through {names}, not q/k/v")
-
-
-def _attention_at_zero(model: nn.Module, reads: Reads, cols: slice) -> torch.Tensor:
-    """The attention output at position 0 with fused columns ``cols`` zeroed there."""
-    fused = model.get_submodule(reads.projections[0])
-    sub = model.get_submodule(reads.write.sublayer)
-    seen: list[torch.Tensor] = []
-
-    def zero(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        out = output.clone()
-        out[:, 0, cols] = 0
-        return out
-
-    def grab(module: nn.Module, args: tuple, output: object) -> None:
-        seen.append(d.first_tensor(output)[:, 0].detach().clone())
-
-    handles = [fused.register_forward_hook(zero), sub.register_forward_hook(grab)]
-    try:
-        with d.eval_mode(model):
-            d.run_probe(model, d.probe_ids(model, execution_device(model)))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen[0]
-
-
-def _check_contiguous(model: nn.Module, arch: Architecture, reads: Reads) -> None:
-    """Zeroing q and k columns at position 0 must not change attention output 0; v must."""
-    q, k, _ = reads.split
-    base = _attention_at_zero(model, reads, slice(0, 0))
-    qk = _attention_at_zero(model, reads, slice(0, q + k))
-    v = _attention_at_zero(model, reads, slice(q + k, None))
-    if not torch.allclose(qk, base) or torch.equal(v, base):
-        raise CdscopeError(
-            f"eap-info: {arch.model_type} layer {reads.write.layer}: fused projection "
-            f"{reads.projections[0]} is not laid out as contiguous q, k, v column blocks "
-            "(interleaved heads?)"
-        )
+    if w.role != "attn":  # MLP, MoE, SSM / linear-attention / conv mixer: one input path
+        return Reads(w, w.pre_norm, shared, ("in",))
+    if len(w.readers) == 1 and fused:  # the layout found on the first fused layer
+        layout = fused["columns"]
+        if model.get_submodule(w.readers[0]).weight.shape == fused["shape"]:
+            return Reads(w, w.pre_norm, shared, PATHS, w.readers, layout)
+    reads = _attention_reads(model, w, where, shared)
+    if reads.columns is not None:
+        fused.update(columns=reads.columns, shape=model.get_submodule(w.readers[0]).weight.shape)
+    return reads
 
 
 def eap_plan(model: nn.Module, arch: Architecture | None = None) -> list[Reads]:
@@ -232,17 +228,20 @@ def eap_plan(model: nn.Module, arch: Architecture | None = None) -> list[Reads]:
     arch = arch or architecture_of(model)
     if arch.final_norm is None:
         raise CdscopeError(f"eap-info: {arch.model_type}: no module reads the last block's output")
-    plan = [_reads(model, arch, w) for w in arch.writes]
-    fused = [r for r in plan if r.split is not None]
-    if fused:
-        _check_contiguous(model, arch, fused[0])
-    return plan
+    fused: dict = {}
+    return [_reads(model, arch, w, fused) for w in arch.writes]
+
+
+def eap_support_and_plan(
+    model: nn.Module, arch: Architecture | None = None
+) -> tuple[str, list[Reads] | None]:
+    """``("yes", plan)`` when eap-info supports ``model``, else ``(reason, None)``."""
+    try:
+        return "yes", eap_plan(model, arch)
+    except CdscopeError as exc:
+        return str(exc).removeprefix("eap-info: "), None
 
 
 def eap_support(model: nn.Module, arch: Architecture | None = None) -> str:
     """``"yes"`` when eap-info supports ``model``, else the one-line reason."""
-    try:
-        eap_plan(model, arch)
-    except CdscopeError as exc:
-        return str(exc).removeprefix("eap-info: ")
-    return "yes"
+    return eap_support_and_plan(model, arch)[0]

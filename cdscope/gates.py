@@ -102,7 +102,7 @@ def first_tensor(output: object) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output  # type: ignore[index,return-value]
 
 
-def _replace_first(output: object, tensor: torch.Tensor) -> object:
+def replace_first(output: object, tensor: torch.Tensor) -> object:
     return (tensor, *output[1:]) if isinstance(output, tuple) else tensor  # type: ignore[index]
 
 
@@ -179,6 +179,6 @@ class GatedModel:
                 if write.dim() != 2 or write.shape[0] % rows:
                     raise ValueError(f"gate rows ({rows}) != batch rows ({write.shape[0]})")
                 g = g.repeat_interleave(write.shape[0] // rows)
-            return _replace_first(output, write * g.view(-1, *([1] * (write.dim() - 1))))
+            return replace_first(output, write * g.view(-1, *([1] * (write.dim() - 1))))
 
         return hook

@@ -271,9 +271,11 @@ def _edge_heatmap(
     yt, yl = _layer_ticks(list(graph.upstream), "attn", L)
     ax.set_xticks(xt, xl, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(yt, yl, fontsize=8)
-    for layer in range(1, L + 1):  # layer boundaries: attn{l}.q starts a block of 4 paths
-        ax.axvline(4 * layer - 0.5, color="white", lw=0.3, alpha=0.5)
-    ax.set_xlabel("downstream node . path (q/k/v into attention, in = MLP / logits input)")
+    layer_of = [re.sub(r"\D", "", node) for node, _ in graph.consumers]
+    for i in range(1, len(layer_of)):  # layer boundaries: the first path of each block
+        if layer_of[i] != layer_of[i - 1]:
+            ax.axvline(i - 0.5, color="white", lw=0.3, alpha=0.5)
+    ax.set_xlabel("downstream node . path (q/k/v or q/kv into attention, in = other inputs)")
     ax.set_ylabel("upstream node (writes)")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="log10 mean |s(u → v)|")

@@ -184,9 +184,13 @@ def gate_gradient(model: torch.nn.Module, batch, embedding: torch.nn.Module):  #
     from cdscope.control import frozen_parameters
     from cdscope.gates import GatedModel
     from cdscope.likelihood import row_target_logprobs
+    from cdscope.models.adapters import architecture_of
 
+    architecture_of(model)  # discovered and proven before the h_0 scalar is hooked in
     g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)
-    handle = embedding.register_forward_hook(lambda m, a, out: out * g_emb.view(-1, 1, 1))
+    handle = embedding.register_forward_hook(
+        lambda m, a, out: out * g_emb.view(-1, 1, 1).to(out.dtype)
+    )
     try:
         with GatedModel(model) as gm, frozen_parameters(model):
             gates = torch.ones(batch.B, gm.gate_set.K, dtype=torch.float64, requires_grad=True)

@@ -69,6 +69,8 @@ def test_doc_counts_meet_the_goal_and_match_the_table() -> None:
         len(moe),
         len(hybrid),
     )
+    eap = re.search(r"eap-info supports (\d+)\.", DOC.read_text())
+    assert eap and int(eap.group(1)) == sum(c[4] == "yes" for c in supported)
     for c in supported:  # every supported type passed autograd vs finite differences
         assert re.search(r"C vs FD < 1e-[3-6]", c[5]), c
 

@@ -23,6 +23,7 @@ from scipy import stats as sps
 from cdscope.batch import encode_probe
 from cdscope.eap import EdgeGraph, EdgeHooks, edge_count, edge_scores, edge_statistics
 from cdscope.errors import CdscopeError
+from cdscope.models import coverage
 from cdscope.probes import draw_probe, load_pool
 
 ARCHS = ["llama", "gpt2", "qwen2"]  # every check
@@ -261,9 +262,71 @@ def test_hooks_keep_the_forward_and_leave_nothing_behind(arch, models, batch) ->
 
 
 def test_unsupported_architectures_are_refused_with_a_reason() -> None:
-    """GPT-NeoX interleaves heads in its fused query_key_value: no exact [q | k | v] split."""
-    with pytest.raises(CdscopeError, match="not laid out as contiguous q, k, v"):
-        EdgeHooks(tiny_model("gpt_neox"))
+    """CodeGen's qkv_proj is laid out as 4 model-parallel chunks of [q | v | k]: neither
+    contiguous nor per-head [q | k | v] groups, so no layout passes the zeroing check."""
+    with pytest.raises(CdscopeError, match="none of its .* layouts .* passes the zeroing check"):
+        EdgeHooks(coverage.tiny_model("codegen"))
+
+
+#: layouts beyond the ordinary q/k/v decoder (issue 12), from the coverage configs:
+#: post-norm-only blocks (OLMo-2), parallel with a shared norm (GPT-J), MoE, fused GQA
+#: [q | k | v] (Phi-3) and multi-query [q | k | v] (GPTBigCode), interleaved fused q/k/v
+#: (GPT-NeoX per head, Falcon per key/value group), latent attention read through (q, kv)
+#: (DeepSeek-V3; MiniCPM3 with a residual multiplier), hybrids whose mixers read through
+#: one path (Jamba, Bamba, Falcon-H1 with a mixer parallel to the attention,
+#: GraniteMoeHybrid with an MoE and a shared MLP on one norm, Qwen3-Next)
+NEW_LAYOUTS = [
+    "olmo2",
+    "gptj",
+    "mixtral",
+    "phi3",
+    "qwen2_moe",
+    "gpt_neox",
+    "falcon",
+    "gpt_bigcode",
+    "deepseek_v3",
+    "minicpm3",
+    "jamba",
+    "bamba",
+    "falcon_h1",
+    "granitemoehybrid",
+    "qwen3_next",
+]
+
+
+@pytest.mark.parametrize("model_type", NEW_LAYOUTS)
+def test_outgoing_sums_equal_minus_gate_gradient_on_new_layouts(model_type: str) -> None:
+    """Twin (a) on float64 coverage models, h_0 gated at the token embeddings (after the
+    learned positions are added, where there are some)."""
+    model, batch = coverage.tiny_model(model_type), coverage.random_batch()
+    result = edge_scores(model, batch)
+    learned = hasattr(getattr(model, "transformer", None), "wpe")
+    expected = gate_gradient(
+        model, batch, model.transformer.drop if learned else model.get_input_embeddings()
+    )
+    summed = np.zeros_like(expected)
+    for b in range(batch.B):
+        np.add.at(summed[b], result.graph.edge_up, result.scores[b])
+    scale = np.abs(expected).max()
+    assert scale > 1e-3
+    np.testing.assert_allclose(summed, expected, rtol=0, atol=2e-6 * scale)
+
+
+def test_latent_attention_reads_through_q_and_kv() -> None:
+    """DeepSeek-V3: two paths per attention node, E = sum_l [2(2l+1) + (2l+2)] + 2L + 1
+    = 3L^2 + 3L + 1 (L = 2: 19)."""
+    graph = EdgeHooks(coverage.tiny_model("deepseek_v3")).graph
+    assert graph.E == 3 * 2**2 + 3 * 2 + 1 == 19
+    assert [p for node, p in graph.consumers if node == "attn1"] == ["q", "kv"]
+
+
+def test_a_norm_shared_inside_a_block_means_one_input() -> None:
+    """GraniteMoeHybrid: the MoE and the shared MLP both read post_attention_layernorm, so
+    the shared MLP does not read the MoE's write (no moe0 -> mlp0 edge)."""
+    graph = EdgeHooks(coverage.tiny_model("granitemoehybrid")).graph
+    into = {(u, v) for u, v, _ in graph.edges()}
+    assert ("mixer0", "moe0") in into and ("mixer0", "mlp0") in into
+    assert ("moe0", "mlp0") not in into and ("moe0", "mixer1") in into
 
 
 # -- statistics -----------------------------------------------------------------------

@@ -34,7 +34,7 @@ def inspect(
         typer.echo(json.dumps(record, indent=2))
         return
     table = VerbatimTable(title=f"{record['model']} ({record['model_type']}): K = {record['K']}")
-    for column in ("layer", "gate", "role", "module (gate site)", "reads", "notes"):
+    for column in ("layer", "gate", "role", "module (gate site)", "reads", "eap paths", "notes"):
         table.add_column(column)
     for layer in record["layers"]:
         for w in layer["writes"]:
@@ -45,7 +45,13 @@ def inspect(
                 notes.append(f"scale {w['scale']:.4g}")
             reads = "block input (parallel)" if w["parallel"] else "stream"
             table.add_row(
-                str(layer["layer"]), str(w["gate"]), w["role"], w["module"], reads, ", ".join(notes)
+                str(layer["layer"]),
+                str(w["gate"]),
+                w["role"],
+                w["module"],
+                reads,
+                "/".join(w["eap_paths"]) or "-",
+                ", ".join(notes),
             )
     out_console.print(table)
     proof = record["proof"]

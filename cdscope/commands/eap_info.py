@@ -36,7 +36,14 @@ from rich.progress import Progress
 from cdscope.batch import encode_probe, prompt_ids, rows_per_forward
 from cdscope.commands.workflow import model_record
 from cdscope.distributed import single_process_only
-from cdscope.eap import STATISTICS, EdgeScores, eap_plan, edge_scores, edge_statistics
+from cdscope.eap import (
+    STATISTICS,
+    EdgeGraph,
+    EdgeScores,
+    eap_plan,
+    edge_scores,
+    edge_statistics,
+)
 from cdscope.errors import CdscopeError
 from cdscope.frames import ModelOptions
 from cdscope.gates import GatedModel
@@ -44,7 +51,7 @@ from cdscope.generation import finite_logits
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.models import LoadedModel
-from cdscope.models.adapters import position_limit
+from cdscope.models.adapters import architecture_of, position_limit
 from cdscope.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.settings import EapSettings
 from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
@@ -148,16 +155,17 @@ def answer(
 
 
 def _check_compatible(models: Sequence[LoadedModel]) -> None:
-    """Both models must give the same graph: same architecture and layer count."""
-    for loaded in models:
-        eap_plan(loaded.model)
-    if len(models) == 2:
-        (a, b), (ma, mb) = models, (m.model.config.model_type for m in models)
-        if ma != mb or a.num_layers != b.num_layers:
-            raise CdscopeError(
-                f"--baseline {b.name!r} ({mb}, L = {b.num_layers}) does not match --model "
-                f"{a.name!r} ({ma}, L = {a.num_layers}): their edges would not align"
-            )
+    """Both models must give the same graph: same architecture, nodes, paths and edges."""
+    graphs = [EdgeGraph.from_plan(architecture_of(m.model), eap_plan(m.model)) for m in models]
+    if len(models) != 2:
+        return
+    (a, b), (ma, mb) = models, (m.model.config.model_type for m in models)
+    if ma != mb or graphs[0].edges() != graphs[1].edges():
+        raise CdscopeError(
+            f"--baseline {b.name!r} ({mb}, L = {b.num_layers}, E = {graphs[1].E}) does not "
+            f"match --model {a.name!r} ({ma}, L = {a.num_layers}, E = {graphs[0].E}): their "
+            "edges would not align"
+        )
 
 
 def _no_samples_error(family: str, runs: Sequence[tuple[str, Answers]]) -> CdscopeError:

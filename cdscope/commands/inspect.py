@@ -3,14 +3,15 @@
 What a user runs first on a new checkpoint: per layer the residual writes (gate module
 paths, roles, post-norms, parallel reads, residual multipliers), K, the proof at load
 (``cdscope.models.proof``), whether exact second-order gradients need ``--attn eager``,
-and whether eap-info supports the model (``cdscope.eap_graph.eap_support``).
+whether eap-info supports the model (``cdscope.eap_graph.eap_support``) and, where it
+does, the paths through which each write node reads the stream (q/k/v, q/kv or in).
 """
 
 from __future__ import annotations
 
 import time
 
-from cdscope.eap_graph import eap_support
+from cdscope.eap_graph import eap_support_and_plan
 from cdscope.models.adapters import Architecture, architecture_of
 from cdscope.models.loading import LoadedModel, load_model
 
@@ -27,6 +28,7 @@ def second_order_note(loaded: LoadedModel, arch: Architecture) -> str:
 
 def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
     """The JSON-ready record of ``arch`` (one entry per layer)."""
+    eap, plan = eap_support_and_plan(loaded.model, arch)
     layers = []
     for layer in range(arch.num_layers):
         writes = [
@@ -40,6 +42,7 @@ def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
                 "scale": w.scale,
                 "pre_norm": w.pre_norm,
                 "readers": list(w.readers),
+                "eap_paths": list(plan[k].paths) if plan else [],
             }
             for k, w in enumerate(arch.writes)
             if w.layer == layer
@@ -56,7 +59,7 @@ def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
         "final_norm": arch.final_norm,
         "proof": {**arch.proof.as_dict(), "discovery_and_proof_s": round(seconds, 3)},
         "second_order": second_order_note(loaded, arch),
-        "eap_info": eap_support(loaded.model, arch),
+        "eap_info": eap,
         "layers": layers,
     }
 

@@ -126,7 +126,10 @@ def _wire(
             and d.is_norm(model.get_submodule(r.name))
             and d._same(r.out, sub.inp)
         ]
-        pre_norm = max(pre, key=lambda r: r.order).name if pre else None  # the latest one
+        # the latest one; one whose output *is* the sublayer's input first (equal values
+        # can be a coincidence: two freshly initialised norms of the same input)
+        pre = [r for r in pre if r.out_ptr == sub.inp_ptr] or pre
+        pre_norm = max(pre, key=lambda r: r.order).name if pre else None
         readers = tuple(
             r.name
             for r in sorted(recs.values(), key=lambda r: r.order)

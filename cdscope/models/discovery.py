@@ -85,6 +85,8 @@ class Record:
     calls: int = 0
     inp: torch.Tensor | None = None
     out: torch.Tensor | None = None
+    inp_ptr: int = 0  # storage addresses: tell equal-valued tensors apart (Falcon's two
+    out_ptr: int = 0  # freshly initialised pre-norms)
 
 
 @dataclass
@@ -206,6 +208,8 @@ def trace_forward(
             inp, out = input_tensor(args, kwargs), first_tensor(output)
             record.inp = None if inp is None else inp.detach().clone()
             record.out = None if out is None else out.detach().clone()
+            record.inp_ptr = 0 if inp is None else inp.data_ptr()
+            record.out_ptr = 0 if out is None else out.data_ptr()
 
         return hook
 

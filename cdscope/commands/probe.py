@@ -90,6 +90,7 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
             "gate": np.tile(np.arange(K), M),
             "layer": np.tile(gates.layers, M),
             "sublayer": np.tile(gates.sublayers, M),
+            "unit": pd.array(np.tile(np.array(gates.unit_indices, dtype=object), M), dtype="Int64"),
             "C": result.C.ravel(),
             "F": result.F.ravel(),
             "dl_dg": result.dl_dg.ravel(),

@@ -31,6 +31,7 @@ FRAME_COLUMNS = [
     "gate",
     "layer",
     "sublayer",
+    "unit",
     "C",
     "F",
     "dl_dg",
@@ -42,8 +43,8 @@ FRAME_COLUMNS = [
 #: gate row), d log pi_i / d g_k and F_i[k]. Files written before they existed lack them;
 #: measures that need them are then reported as unavailable.
 SAMPLE_COLUMNS = ["logp_samples", "dlogp_samples", "F_samples"]
-#: Optional column (nullable Int64): the head / expert / neuron index of a gate at a finer
-#: granularity, null for a gate on a whole write; files from before it read as all null.
+#: Column ``unit`` (nullable Int64): the head / expert / neuron index of a gate at a finer
+#: granularity, null for a gate on a whole write; files from before it lack it (all null).
 UNIT_COLUMN = "unit"
 
 

@@ -200,8 +200,8 @@ def test_cli_refuses_expert_granularity_on_a_dense_model(tiny_model_dir, tmp_pat
          "-o", str(out)],
     )  # fmt: skip
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "no MoE experts" in lines[0]
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert errors == [result.output.strip().splitlines()[-1]] and "no MoE experts" in errors[0]
     assert not out.exists()
     bad = runner.invoke(app, ["bshared", "--granularity", "layer", "-o", str(out)])
     assert bad.exit_code == 2 and "--granularity must be one of" in bad.output
@@ -252,3 +252,22 @@ def test_embedded_model_heads_and_neurons_sum_to_sublayers(embedded, tokenizer) 
         assert gate_set.K == 30 * per_layer
         summed = _summed_per_write(fine, gate_set)
         np.testing.assert_allclose(summed, whole.dl_dg, rtol=2e-3, atol=1e-4)
+
+
+def test_bartlett_random_reference_has_the_direct_draws_distribution() -> None:
+    """Large-K random reference (G drawn from its Wishart law) against direct X X^T draws
+    at the same K: means and spreads agree within their sampling error."""
+    from cdscope import spectral
+
+    K = spectral.BARTLETT_K
+    fast = spectral.random_reference(4, K, trials=4000, seed=1)
+    assert spectral.random_reference(4, K, trials=4000, seed=1, chunk=7).samples.tolist() == (
+        fast.samples.tolist()
+    )  # chunking does not change the draws
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((400, 4, K))
+    G = np.einsum("tmk,tnk->tmn", X, X)
+    ref = np.linalg.eigvalsh(G)[:, -1] / np.einsum("tii->t", G)
+    se = np.hypot(fast.std / np.sqrt(4000), ref.std() / np.sqrt(400))
+    assert abs(fast.mean - ref.mean()) < 4 * se
+    assert abs(fast.std / ref.std() - 1) < 0.2

@@ -34,6 +34,7 @@ from cdscope.errors import CdscopeError
 from cdscope.frames import (
     FRAME_COLUMNS,
     ModelOptions,
+    UNIT_COLUMN,
     ProbeSettings,
     control_matrices,
     sample_sets,
@@ -129,7 +130,7 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
     frame, metadata = read_parquet(path)
     check_probe_frame(frame, str(path))
     check_probe_file(frame, metadata, path)
-    settings = metadata["settings"]
+    settings = {"granularity": "sublayer", **metadata["settings"]}  # older files: sublayer
     for key, wanted in expect.items():
         if wanted is not None and settings.get(key) != wanted:
             raise CdscopeError(
@@ -375,7 +376,7 @@ def check_probe_frame(frame: object, what: str = "the probe frame") -> pd.DataFr
         raise CdscopeError(
             f"{what} must be a pandas DataFrame from cdscope.measure, got {type(frame).__name__}"
         )
-    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns and c != UNIT_COLUMN]
     if missing:
         raise CdscopeError(
             f"{what} is not a probe file/frame (missing column(s) {', '.join(missing)}); pass "

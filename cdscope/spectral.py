@@ -49,6 +49,7 @@ __all__ = [
     "b_dir",
     "b_norm",
     "b_shared",
+    "cumulative_mass",
     "gram",
     "moment_ratio",
     "moment_ratio_torch",
@@ -58,6 +59,7 @@ __all__ = [
     "r_sensitivity_torch",
     "random_reference",
     "row_abs_cos",
+    "top_share",
 ]
 
 # Memory bound for one chunk of the random reference: about 32 MiB of float64 draws.
@@ -248,6 +250,25 @@ def participation_ratio(C: ArrayLike) -> np.ndarray:
     if np.any(sq <= 0.0):
         raise ValueError("participation_ratio: C has an all-zero row, whose PR is undefined")
     return np.abs(A).sum(axis=-1) ** 2 / sq
+
+
+def cumulative_mass(C: ArrayLike) -> np.ndarray:
+    """Per row, the share of ``sum_k |C[m, k]|`` carried by its ``j`` largest-|C| gates,
+    j = 1..K: shape [..., M, K], non-decreasing, ending at 1. O(K log K) per row (a sort),
+    never K x K. Raises ValueError if a row is all zero."""
+    A = np.abs(_as_matrix(C, "C"))
+    total = A.sum(axis=-1, keepdims=True)
+    if np.any(total <= 0.0):
+        raise ValueError("cumulative_mass: C has an all-zero row")
+    return np.cumsum(-np.sort(-A, axis=-1), axis=-1) / total
+
+
+def top_share(C: ArrayLike, fraction: float) -> np.ndarray:
+    """Per row, the share of ``sum_k |C[m, k]|`` carried by the top ``ceil(fraction * K)``
+    gates by |C| (a point of ``cumulative_mass``), shape [..., M]."""
+    curve = cumulative_mass(C)
+    j = max(1, int(np.ceil(fraction * curve.shape[-1])))
+    return curve[..., j - 1]
 
 
 def acg(F: ArrayLike, C: ArrayLike) -> np.ndarray | float:

@@ -131,6 +131,11 @@ def _run_audit_command(
         outputs["probe"] = str(sibling(target, "probe"))
     if plot is not None:
         outputs["plot"] = str(plot)
+        frame = result.probe_frame
+        if "unit" in frame.columns and frame["unit"].notna().any():
+            from cdscope.commands.audit import units_plot_path
+
+            outputs["units_plot"] = str(units_plot_path(plot))
     return spec, result, outputs
 
 

@@ -60,6 +60,10 @@ def acg_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str,
     return {"B_shared_F": b_f, "B_shared_C": b_c, "ACG": b_f - b_c}
 
 
+#: decompose's point on the cumulative |C| mass curve: the share carried by the top 1 % of gates
+TOP_FRACTION = 0.01
+
+
 def decompose_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
     values = {
         "B_shared_C": float(spectral.b_shared(C)),
@@ -70,6 +74,8 @@ def decompose_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dic
         values[f"abs_cos[{a}|{b}]"] = cos
     for family, pr in zip(families, spectral.participation_ratio(C), strict=True):
         values[f"PR[{family}]"] = float(pr)
+    for family, share in zip(families, spectral.top_share(C, TOP_FRACTION), strict=True):
+        values[f"top1%[{family}]"] = float(share)  # the mass curve at 1 % of the gates
     return values
 
 
@@ -94,7 +100,7 @@ AUDITS = {
         "decompose",
         decompose_measures,
         "B_shared_C",
-        ("PR[",),
+        ("PR[", "top1%["),
         ("B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"),
     ),
 }
@@ -460,10 +466,22 @@ def evaluate_audit(
     )
 
 
+def units_plot_path(path: Path) -> Path:
+    """``fig.png`` -> ``fig.units.png``: the unit figure beside an audit's figure."""
+    return path.with_name(f"{path.stem}.units{path.suffix}")
+
+
 def draw_audit(path: Path, result: AuditResult) -> None:
-    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``)."""
+    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``);
+    when the gates are finer than whole writes, also the unit figure
+    (``plots_units.plot_units``: |C| mass curves, layer x head heatmaps) beside it."""
     from cdscope.plots import plot_audit, plot_decompose
 
+    frame = result.probe_frame
+    if UNIT_COLUMN in frame.columns and frame[UNIT_COLUMN].notna().any():
+        from cdscope.plots_units import plot_units
+
+        plot_units(units_plot_path(path), frame)
     if result.command == "decompose":
         plot_decompose(path, result.per_seed, result.summary)
         return

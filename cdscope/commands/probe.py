@@ -71,10 +71,10 @@ def _sample_lists(result: ControlResult) -> dict[str, list]:
     if result.row_family is None:
         return {}
     rows = [np.flatnonzero(result.row_family == m) for m in range(M)]
-    return {
-        "logp_samples": [result.row_logp[r].tolist() for r in rows for _ in range(K)],
-        "dlogp_samples": [result.row_dlogp[r, k].tolist() for r in rows for k in range(K)],
-        "F_samples": [result.row_F[r, k].tolist() for r in rows for k in range(K)],
+    return {  # one tolist per family (K = 10^5..10^6 gates at neuron granularity)
+        "logp_samples": [x for r in rows for x in [result.row_logp[r].tolist()] * K],
+        "dlogp_samples": [x for r in rows for x in result.row_dlogp[r].T.tolist()],
+        "F_samples": [x for r in rows for x in result.row_F[r].T.tolist()],
     }
 
 

@@ -80,7 +80,9 @@ class SliceSite:
 
     @property
     def units(self) -> tuple[GateUnit, ...]:
-        return tuple(GateUnit(self.start + u, self.layer, self.sublayer, u) for u in range(self.count))
+        return tuple(
+            GateUnit(self.start + u, self.layer, self.sublayer, u) for u in range(self.count)
+        )
 
     def install(self, gm: GatedModel) -> list[RemovableHandle]:
         return [self.proj.register_forward_pre_hook(self.hook(gm))]
@@ -139,7 +141,9 @@ class ExpertSite:
                 handles.append(scale.register_forward_hook(_sigmoid_scale(gm, site.k)))
         return handles
 
-    def norms(self, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def norms(
+        self, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """``[N, E]``: ``||w_e(x_t) f_e(x_t)||`` per token (0 where e is not routed), one
         no-grad experts call per routing slot (a token's slots hold distinct experts)."""
         wide = torch.promote_types(hidden.dtype, torch.float32)
@@ -170,7 +174,9 @@ class ExpertSite:
             # wider dtype so the gate's gradient keeps the gate's precision (values at g = 1
             # are unchanged: the experts promote the weights to that dtype anyway)
             wide = torch.promote_types(weights.dtype, gm._gates.dtype)
-            g = per_row(gate_columns(gm, self.start, self.start + self.count, weights.to(wide)), hidden, 1)
+            g = per_row(
+                gate_columns(gm, self.start, self.start + self.count, weights.to(wide)), hidden, 1
+            )
             factor = g.gather(1, index.clamp(0, self.count - 1))
             factor = torch.where(index < self.count, factor, torch.ones_like(factor))
             bound.arguments["top_k_weights"] = weights * factor
@@ -273,7 +279,9 @@ def _expert_site(model: nn.Module, k: int, w: Write) -> ExpertSite:
     shared = []
     for name in ("shared_expert", "shared_experts"):
         if name in children:
-            site = WriteSite(k + count + len(shared), w.layer, w.role, children[name], count + len(shared))
+            site = WriteSite(
+                k + count + len(shared), w.layer, w.role, children[name], count + len(shared)
+            )
             scale = children.get(f"{name}_gate")
             shared.append((site, scale if _is_projection(scale) else None))
     return ExpertSite(k, w.layer, w.role, experts, count, shared)

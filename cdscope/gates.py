@@ -163,14 +163,14 @@ class GatedModel:
         self.architecture = architecture or architecture_of(model)  # discovered + proven
         writes = self.architecture.write_modules(model)
         if granularity == "sublayer":
-            self._sites: list = [WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)]
+            self._sites: list = [
+                WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)
+            ]
         else:
             from cdscope.gate_units import unit_sites
 
             self._sites = unit_sites(model, self.architecture, granularity)
-        self.gate_set = GateSet(
-            tuple(u for site in self._sites for u in site.units), granularity
-        )
+        self.gate_set = GateSet(tuple(u for site in self._sites for u in site.units), granularity)
         self._handles: list[RemovableHandle] = []
         self._gates: torch.Tensor | None = None
         self._capture: Capture | None = None

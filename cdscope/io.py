@@ -178,9 +178,7 @@ def write_parquet(frame: pd.DataFrame, path: str | Path, metadata: dict) -> Path
         METADATA_KEY: json.dumps(metadata, default=str).encode(),
     }
     table = table.replace_schema_metadata(merged)
-    atomic_write_bytes(
-        path, lambda tmp: pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS)
-    )
+    atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS))
     return Path(path)
 
 

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from cdscope import spectral
 from cdscope.frames import control_matrices
 from cdscope.plots import PALETTE, _save, _short, _style, plt
-
-from matplotlib.ticker import MaxNLocator  # noqa: E402 - after plots set the backend
 
 
 def _curves(frame: pd.DataFrame, model: str) -> tuple[list[str], np.ndarray, np.ndarray]:

@@ -333,7 +333,7 @@ def random_reference(
     M = _positive_int(M, "M")
     K = _positive_int(K, "K")
     trials = _positive_int(trials, "trials")
-    bartlett = K >= max(BARTLETT_K, M)
+    bartlett = max(BARTLETT_K, M) <= K
     if chunk is None:  # X is M x K (direct route), X X^T is M x M
         chunk = max(1, _CHUNK_ELEMENTS // (M * (M if bartlett else max(M, K))))
     chunk = _positive_int(chunk, "chunk")

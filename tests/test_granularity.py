@@ -183,7 +183,9 @@ def test_result_frame_has_a_nullable_unit_column(tmp_path) -> None:  # noqa: ANN
     frame = result_frame("m", 0, result)
     assert str(frame["unit"].dtype) == "Int64"
     whole = frame[frame["sublayer"] == "attn"]
-    assert whole["unit"].isna().all() and frame.loc[frame["sublayer"] == "moe", "unit"].notna().all()
+    assert (
+        whole["unit"].isna().all() and frame.loc[frame["sublayer"] == "moe", "unit"].notna().all()
+    )
     back, _ = read_parquet(write_parquet(frame, tmp_path / "f.parquet", {"x": 1}))
     pd.testing.assert_series_equal(back["unit"], frame["unit"])
 
@@ -249,7 +251,7 @@ def test_embedded_model_heads_and_neurons_sum_to_sublayers(embedded, tokenizer) 
         with GatedModel(embedded.model, granularity=granularity) as gm:
             fine = control_autograd(gm, batch, 1)
             gate_set = gm.gate_set
-        assert gate_set.K == 30 * per_layer
+        assert 30 * per_layer == gate_set.K
         summed = _summed_per_write(fine, gate_set)
         np.testing.assert_allclose(summed, whole.dl_dg, rtol=2e-3, atol=1e-4)
 

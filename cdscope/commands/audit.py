@@ -33,8 +33,8 @@ from cdscope import spectral
 from cdscope.errors import CdscopeError
 from cdscope.frames import (
     FRAME_COLUMNS,
-    ModelOptions,
     UNIT_COLUMN,
+    ModelOptions,
     ProbeSettings,
     control_matrices,
     sample_sets,

@@ -53,6 +53,7 @@ SPLITS: dict[str, dict[str, str]] = {
     "neuron": {"attn": "head", "mlp": "neuron", "moe": "expert"},
 }
 _WHAT = {"head": "attention heads", "expert": "MoE experts", "neuron": "MLP neurons"}
+_UNITS = {"head": "heads", "expert": "experts", "neuron": "neurons"}
 _EXPERT_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
 
 
@@ -221,9 +222,11 @@ def find_projections(model: nn.Module, writes: list[Write]) -> dict[str, nn.Modu
     candidates: dict[str, list[str]] = {}
     for w in writes:
         sub = model.get_submodule(w.sublayer)
-        names = [f"{w.sublayer}.{n}" for n, m in sub.named_modules() if n and _is_projection(m)]
+        names = [  # the sublayer itself may be the projection (OPT's fc2)
+            f"{w.sublayer}.{n}".rstrip(".") for n, m in sub.named_modules() if _is_projection(m)
+        ]
         candidates[w.path] = names
-        for name in [*names, w.path]:
+        for name in dict.fromkeys([*names, w.path]):  # OPT: the write is the projection
             handles.append(model.get_submodule(name).register_forward_hook(record(name)))
     try:
         with d.eval_mode(model), torch.no_grad():
@@ -300,7 +303,7 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list:
         if kinds[w.path] and w.post_norm:
             raise CdscopeError(
                 f"{arch.model_type}: layer {w.layer}'s {w.role} write is normalised after the "
-                f"sublayer, so it is not a sum of {_WHAT[granularity]}; use --granularity sublayer"
+                f"sublayer, so it is not a sum of {_UNITS[kinds[w.path]]}; use --granularity sublayer"
             )
     sliced = [w for w in arch.writes if kinds[w.path] in ("head", "neuron")]
     projections = find_projections(model, sliced) if sliced else {}

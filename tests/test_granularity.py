@@ -23,6 +23,14 @@ from cdscope.models import coverage
 from cdscope.models.discovery import run_probe
 
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
+#: bias-free projections with other layouts: DeepSeek-V3 (dense layer 0, shared experts
+#: without a gate), Jamba (mixer + MoE), Phi-3 (fused projections)
+OTHERS = [
+    ("deepseek_v3", "expert"),
+    ("deepseek_v3", "neuron"),
+    ("jamba", "expert"),
+    ("phi3", "neuron"),
+]
 
 
 def _model(arch: str):  # noqa: ANN202
@@ -40,9 +48,11 @@ def _summed_per_write(result, gate_set) -> np.ndarray:  # noqa: ANN001
     return out
 
 
-CASES = [("llama", "head"), ("llama", "neuron")] + [
-    (arch, g) for arch in MOE for g in ("expert", "neuron")
-]
+CASES = (
+    [("llama", "head"), ("llama", "neuron")]
+    + [(arch, g) for arch in MOE for g in ("expert", "neuron")]
+    + OTHERS
+)
 
 
 @pytest.mark.parametrize(("arch", "granularity"), CASES)
@@ -82,13 +92,15 @@ def test_unit_counts_and_indices() -> None:
     assert [u.unit for u in attn] == [None]  # attention keeps one gate at expert granularity
 
 
-@pytest.mark.parametrize("arch", ["llama", *MOE])
+@pytest.mark.parametrize("arch", ["llama", *MOE, "deepseek_v3", "gpt2", "gpt_neox", "opt"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_unit_gates_at_one_are_bit_exact(arch: str, dtype: torch.dtype) -> None:
+    """Also GPT-2 (Conv1D projections), GPT-NeoX (parallel, biased), OPT (fc2 is the MLP
+    write itself, rows flattened to [B*T, H])."""
     model = _model(arch).to(dtype)
     ids = coverage.random_batch().input_ids
     plain = run_probe(model, ids)
-    for granularity in ("neuron", "head" if arch == "llama" else "expert"):
+    for granularity in ("neuron", "expert" if arch in (*MOE, "deepseek_v3") else "head"):
         with GatedModel(model, granularity=granularity) as gm:
             ones = torch.ones(ids.shape[0], gm.gate_set.K, dtype=dtype)
             with torch.no_grad(), gm.gating(ones, capture_norms=True):

@@ -184,10 +184,12 @@ def measure(
     estimator: str = "autograd",
     batch_size: int | None = None,
     progress: bool = True,
+    granularity: str = "sublayer",
 ) -> pd.DataFrame:
     """C, F and l_m of one model or a list of models on probe seeds ``0..seeds-1`` (or the
     given seeds), ``n`` items per family: one row per (model, seed, family, gate), the
-    schema of ``cdscope probe``'s Parquet; its metadata is in ``frame.attrs["cdscope"]``."""
+    schema of ``cdscope probe``'s Parquet; its metadata is in ``frame.attrs["cdscope"]``.
+    ``granularity``: sublayer | head | expert | neuron (docs/granularity.md)."""
     from cdscope.commands.probe import collect_control
 
     given = list(model) if isinstance(model, list | tuple) else [model]
@@ -196,7 +198,9 @@ def measure(
         if seeds < 1:
             raise CdscopeError(f"seeds must be at least 1, got {seeds}")
         seeds = range(seeds)
-    settings = ProbeSettings(tuple(int(s) for s in seeds), n, template, estimator, batch_size)
+    settings = ProbeSettings(
+        tuple(int(s) for s in seeds), n, template, estimator, batch_size, granularity=granularity
+    )
     console = make_console(quiet=not progress)
     frame, metadata = collect_control(
         models, load_pool(probe), settings, None, ModelOptions(), False, console, "probe"

@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
     from cdscope.models.placement import Placement
 
 ESTIMATORS = ("autograd", "fd")
+#: gate granularities (``cdscope.gates.GatedModel``; docs/granularity.md): one gate per
+#: residual write, per attention head, per routed/shared MoE expert, per MLP neuron
+GRANULARITIES = ("sublayer", "head", "expert", "neuron")
 FRAME_COLUMNS = [
     "model",
     "seed",
@@ -28,6 +31,7 @@ FRAME_COLUMNS = [
     "gate",
     "layer",
     "sublayer",
+    "unit",
     "C",
     "F",
     "dl_dg",
@@ -39,6 +43,9 @@ FRAME_COLUMNS = [
 #: gate row), d log pi_i / d g_k and F_i[k]. Files written before they existed lack them;
 #: measures that need them are then reported as unavailable.
 SAMPLE_COLUMNS = ["logp_samples", "dlogp_samples", "F_samples"]
+#: Column ``unit`` (nullable Int64): the head / expert / neuron index of a gate at a finer
+#: granularity, null for a gate on a whole write; files from before it lack it (all null).
+UNIT_COLUMN = "unit"
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,13 @@ class ProbeSettings:
     batch_size: int | None = None
     fd_step: float = 1e-2
     fd_order: int = 2
+    granularity: str = "sublayer"
 
     def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise CdscopeError(
+                f"--granularity must be one of {', '.join(GRANULARITIES)}; got {self.granularity!r}"
+            )
         if not self.seeds:
             raise CdscopeError("--seeds must be at least 1")
         if self.estimator not in ESTIMATORS:
@@ -67,10 +79,13 @@ class ProbeSettings:
 
     def comparable(self) -> dict:
         """The settings two runs must share for their numbers to be paired (and that
-        ``--resume`` compares): n, template, estimator, and the fd stencil when used."""
+        ``--resume`` compares): n, template, estimator, the fd stencil when used, and the
+        granularity when it is not ``sublayer`` (files from before it existed match)."""
         same = {"n": self.n, "template": self.template, "estimator": self.estimator}
         if self.estimator == "fd":
             same |= {"fd_step": self.fd_step, "fd_order": self.fd_order}
+        if self.granularity != "sublayer":
+            same["granularity"] = self.granularity
         return same
 
 

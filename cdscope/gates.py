@@ -21,9 +21,10 @@ and always removed on ``__exit__``, exceptions included. Outside ``GatedModel.ga
 the hooks pass outputs through untouched.
 
 Granularity: a ``GateSet`` maps each gate index to a ``GateUnit`` (layer, sublayer and,
-for finer gate sets later, a head or neuron index). Estimators only ever see ``[B, K]``
-tensors and the ``GateSet``; per-head or per-neuron gates are a new ``GateSet`` builder
-and hook, not a change to the estimators.
+at finer granularities, a head, expert or neuron index). Estimators only ever see
+``[B, K]`` tensors and the ``GateSet``. ``GatedModel(model, granularity=...)`` takes the
+name of a granularity (``GRANULARITIES``); the sites of the finer ones (forward pre-hooks
+on output projections and on MoE expert weights) live in ``cdscope.gate_units``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from cdscope.frames import GRANULARITIES
 from cdscope.models.adapters import Architecture, architecture_of
 
 
@@ -54,7 +56,7 @@ class GateUnit:
     index: int
     layer: int
     sublayer: str  # the write's role: "attn" | "mlp" | "moe" | "mixer"
-    unit: int | None = None  # head / neuron index for finer granularities; None = whole write
+    unit: int | None = None  # head / expert / neuron index; None = the whole write
 
     @property
     def name(self) -> str:
@@ -85,17 +87,57 @@ class GateSet:
     def names(self) -> list[str]:
         return [u.name for u in self.units]
 
+    @property
+    def unit_indices(self) -> list[int | None]:
+        """Head / expert / neuron index of every gate (None for a whole write)."""
+        return [u.unit for u in self.units]
+
 
 @dataclass
 class Capture:
-    """Per-write L2 norms recorded during one gated forward: ``norms[k]`` is ``[B, T]``."""
+    """L2 norms recorded during one gated forward: ``norms[k]`` is ``[B, T]`` for the
+    single gate ``k`` or ``[B, U, T]`` for the block of gates ``k .. k + U - 1``."""
 
     norms: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def stacked(self, K: int) -> torch.Tensor:  # noqa: N803
-        """``[B, K, T]`` tensor of write norms (ungated writes)."""
+        """``[B, K, T]`` tensor of (ungated) write / unit-contribution norms."""
         device = self.norms[0].device  # writes of a dispatched model sit on several devices
-        return torch.stack([self.norms[k].to(device) for k in range(K)], dim=1)
+        blocks = [
+            (t if t.dim() == 3 else t[:, None]).to(device)
+            for _, t in sorted(self.norms.items(), key=lambda item: item[0])
+        ]
+        out = torch.cat(blocks, dim=1)
+        if out.shape[1] != K:
+            raise RuntimeError(f"captured norms for {out.shape[1]} of {K} gates")
+        return out
+
+
+def gate_columns(gm: GatedModel, start: int, stop: int, like: torch.Tensor) -> torch.Tensor:
+    """``g[:, start:stop]`` on ``like``'s device and dtype (a write may sit on another device
+    under a device map: its gates follow it)."""
+    return gm._gates[:, start:stop].to(like.device, like.dtype)  # type: ignore[index]
+
+
+def per_row(g: torch.Tensor, tensor: torch.Tensor, trailing: int) -> torch.Tensor:
+    """Gates ``[rows, U]`` shaped to broadcast over ``tensor`` (``[rows, ..., *trailing]`` or
+    rows flattened into ``[rows * T, *trailing]``): ``[rows, 1, ..., U]`` or ``[N, U]``,
+    then ``trailing - 1`` unit axes appended (U is ``tensor``'s axis ``-trailing``)."""
+    rows, lead = g.shape[0], tensor.dim() - trailing
+    if tensor.shape[0] != rows:  # rows flattened to [B*T, ...] (OPT's MLP, MoE experts)
+        if lead != 1 or tensor.shape[0] % rows:
+            raise ValueError(f"gate rows ({rows}) != batch rows ({tensor.shape[0]})")
+        g = g.repeat_interleave(tensor.shape[0] // rows, dim=0)
+    else:
+        g = g.view(rows, *([1] * (lead - 1)), g.shape[1])
+    return g.view(*g.shape, *([1] * (trailing - 1)))
+
+
+def rows_first(values: torch.Tensor, rows: int | None) -> torch.Tensor:
+    """Per-position values ``[rows, T, U]`` or ``[rows * T, U]`` -> ``[rows, U, T]``."""
+    if rows is None:
+        rows = values.shape[0] if values.dim() > 2 else 1
+    return values.reshape(rows, -1, values.shape[-1]).transpose(1, 2)
 
 
 def first_tensor(output: object) -> torch.Tensor:
@@ -116,13 +158,26 @@ class GatedModel:
                 out = model(input_ids)
     """
 
-    def __init__(self, model: nn.Module, architecture: Architecture | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        architecture: Architecture | None = None,
+        granularity: str = "sublayer",
+    ) -> None:
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
         self.model = model
         self.architecture = architecture or architecture_of(model)  # discovered + proven
-        self._sites = self.architecture.write_modules(model)
-        self.gate_set = GateSet(
-            tuple(GateUnit(k, layer, sub) for k, (layer, sub, _) in enumerate(self._sites))
-        )
+        writes = self.architecture.write_modules(model)
+        if granularity == "sublayer":
+            self._sites: list = [
+                WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)
+            ]
+        else:
+            from cdscope.gate_units import unit_sites
+
+            self._sites = unit_sites(model, self.architecture, granularity)
+        self.gate_set = GateSet(tuple(u for site in self._sites for u in site.units), granularity)
         self._handles: list[RemovableHandle] = []
         self._gates: torch.Tensor | None = None
         self._capture: Capture | None = None
@@ -131,8 +186,8 @@ class GatedModel:
     def __enter__(self) -> GatedModel:
         if self._handles:
             raise RuntimeError("GatedModel hooks are already installed")
-        for k, (_, _, module) in enumerate(self._sites):
-            self._handles.append(module.register_forward_hook(self._make_hook(k)))
+        for site in self._sites:
+            self._handles += site.install(self)
         return self
 
     def __exit__(
@@ -163,18 +218,38 @@ class GatedModel:
         finally:
             self._gates, self._capture = None, None
 
-    def _make_hook(self, k: int):  # noqa: ANN202 - torch hook signature
+
+@dataclass
+class WriteSite:
+    """One gate on a whole write: a forward hook multiplies the write module's output by
+    ``g[:, k]`` (and records its norm per position when norms are captured)."""
+
+    k: int
+    layer: int
+    sublayer: str
+    module: nn.Module
+    unit: int | None = None  # a shared MoE expert is a unit of its write
+
+    @property
+    def units(self) -> tuple[GateUnit, ...]:
+        return (GateUnit(self.k, self.layer, self.sublayer, self.unit),)
+
+    def install(self, gm: GatedModel) -> list[RemovableHandle]:
+        return [self.module.register_forward_hook(self.hook(gm))]
+
+    def hook(self, gm: GatedModel):  # noqa: ANN201 - torch hook signature
+        k = self.k
+
         def hook(module: nn.Module, args: tuple, output: object) -> object | None:
             write = first_tensor(output)
-            rows = None if self._gates is None else self._gates.shape[0]
-            if self._capture is not None:
+            rows = None if gm._gates is None else gm._gates.shape[0]
+            if gm._capture is not None:
                 wide = write.detach().to(torch.promote_types(write.dtype, torch.float32))
                 norms = wide.norm(dim=-1)
-                self._capture.norms[k] = norms if rows is None else norms.reshape(rows, -1)
-            if self._gates is None:
+                gm._capture.norms[k] = norms if rows is None else norms.reshape(rows, -1)
+            if gm._gates is None:
                 return None
-            # under a device map each write may live on another device: its gates follow it
-            g = self._gates[:, k].to(write.device, write.dtype)
+            g = gate_columns(gm, k, k + 1, write)[:, 0]
             if write.shape[0] != rows:  # rows flattened to [B*T, H] (OPT's MLP)
                 if write.dim() != 2 or write.shape[0] % rows:
                     raise ValueError(f"gate rows ({rows}) != batch rows ({write.shape[0]})")

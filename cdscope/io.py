@@ -164,15 +164,21 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         raise failure from exc
 
 
+#: rows per Parquet row group: a probe at neuron granularity (K ~ 10^5..10^6 gates per
+#: family) is read and written group by group, not as one block
+ROW_GROUP_ROWS = 65_536
+
+
 def write_parquet(frame: pd.DataFrame, path: str | Path, metadata: dict) -> Path:
-    """Write ``frame`` with ``metadata`` (JSON) atomically; returns the path."""
+    """Write ``frame`` with ``metadata`` (JSON) atomically, in row groups of
+    ``ROW_GROUP_ROWS``; returns the path."""
     table = pa.Table.from_pandas(frame, preserve_index=False)
     merged = {
         **(table.schema.metadata or {}),
         METADATA_KEY: json.dumps(metadata, default=str).encode(),
     }
     table = table.replace_schema_metadata(merged)
-    atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS))
     return Path(path)
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "b_dir",
     "b_norm",
     "b_shared",
+    "cumulative_mass",
     "gram",
     "moment_ratio",
     "moment_ratio_torch",
@@ -58,10 +59,13 @@ __all__ = [
     "r_sensitivity_torch",
     "random_reference",
     "row_abs_cos",
+    "top_share",
 ]
 
 # Memory bound for one chunk of the random reference: about 32 MiB of float64 draws.
 _CHUNK_ELEMENTS = 1 << 22
+#: from this K on, the random reference draws G = X X^T directly (Bartlett), not X
+BARTLETT_K = 4096
 
 
 # --------------------------------------------------------------------------- helpers
@@ -248,6 +252,25 @@ def participation_ratio(C: ArrayLike) -> np.ndarray:
     return np.abs(A).sum(axis=-1) ** 2 / sq
 
 
+def cumulative_mass(C: ArrayLike) -> np.ndarray:
+    """Per row, the share of ``sum_k |C[m, k]|`` carried by its ``j`` largest-|C| gates,
+    j = 1..K: shape [..., M, K], non-decreasing, ending at 1. O(K log K) per row (a sort),
+    never K x K. Raises ValueError if a row is all zero."""
+    A = np.abs(_as_matrix(C, "C"))
+    total = A.sum(axis=-1, keepdims=True)
+    if np.any(total <= 0.0):
+        raise ValueError("cumulative_mass: C has an all-zero row")
+    return np.cumsum(-np.sort(-A, axis=-1), axis=-1) / total
+
+
+def top_share(C: ArrayLike, fraction: float) -> np.ndarray:
+    """Per row, the share of ``sum_k |C[m, k]|`` carried by the top ``ceil(fraction * K)``
+    gates by |C| (a point of ``cumulative_mass``), shape [..., M]."""
+    curve = cumulative_mass(C)
+    j = max(1, int(np.ceil(fraction * curve.shape[-1])))
+    return curve[..., j - 1]
+
+
 def acg(F: ArrayLike, C: ArrayLike) -> np.ndarray | float:
     """Activation-control gap ``ACG = B_shared(F) - B_shared(C)`` (SPEC §3)."""
     return b_shared(F) - b_shared(C)
@@ -301,20 +324,35 @@ def random_reference(
     the chunk size. Per chunk: G = X X^T batched, lambda_1 by batched ``eigvalsh`` on
     the [chunk, M, M] stack, B_shared = lambda_1 / tr(G).
     Reports mean, std (ddof=0), and the 95th / 99th percentiles (linear interpolation).
+
+    Large K (>= ``BARTLETT_K``, e.g. gates per neuron): G is drawn directly from its
+    Wishart_M(K, I) law by the Bartlett decomposition, G = A A^T with A lower triangular,
+    A_ii = sqrt(chi^2_{K-i}), A_ij ~ N(0, 1) below the diagonal -- the same distribution
+    of B_shared in O(M^2) per trial instead of O(M K) (other draws than the direct route).
     """
     M = _positive_int(M, "M")
     K = _positive_int(K, "K")
     trials = _positive_int(trials, "trials")
-    if chunk is None:
-        chunk = max(1, _CHUNK_ELEMENTS // (M * max(M, K)))  # X is M x K, X X^T is M x M
+    bartlett = max(BARTLETT_K, M) <= K
+    if chunk is None:  # X is M x K (direct route), X X^T is M x M
+        chunk = max(1, _CHUNK_ELEMENTS // (M * (M if bartlett else max(M, K))))
     chunk = _positive_int(chunk, "chunk")
 
     rng = np.random.default_rng(seed)
+    # Bartlett: diagonal and off-diagonal draws from two streams, so chunks change nothing
+    chi_rng, normal_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     samples = np.empty(trials, dtype=np.float64)
+    rows, cols = np.tril_indices(M, -1)
     for start in range(0, trials, chunk):
         n = min(chunk, trials - start)
-        X = rng.standard_normal((n, M, K))
-        G = np.einsum("tmk,tnk->tmn", X, X)
+        if bartlett:
+            A = np.zeros((n, M, M))
+            A[:, np.arange(M), np.arange(M)] = np.sqrt(chi_rng.chisquare(K - np.arange(M), (n, M)))
+            A[:, rows, cols] = normal_rng.standard_normal((n, len(rows)))
+            G = np.einsum("tij,tkj->tik", A, A)
+        else:
+            X = rng.standard_normal((n, M, K))
+            G = np.einsum("tmk,tnk->tmn", X, X)
         tr = np.einsum("tii->t", G)
         samples[start : start + n] = np.linalg.eigvalsh(G)[:, -1] / tr
     samples.flags.writeable = False

@@ -62,15 +62,19 @@ def corrected_measures(
     return {k: v for k, v in out.items() if names is None or k in names}
 
 
+#: float64 elements of one chunk of bootstrap resamples (C, F and c_{m,i}: ~128 MiB)
+_CHUNK_ELEMENTS = 1 << 24
+
+
 def _resampled(
-    sets: Sequence[FamilySamples], B: int, rng: np.random.Generator
+    sets: Sequence[FamilySamples], draws: Sequence[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """B resamples: C [B, M, K], F [B, M, K], and c_{m,i} per family [B, n_m, K]."""
+    """Resamples ``draws[m]`` ([b, n_m] sample indices per family): C [b, M, K],
+    F [b, M, K], and c_{m,i} per family [b, n_m, K]."""
     Cs, Fs, cs = [], [], []
-    for s in sets:
-        idx = rng.integers(0, len(s.logp), size=(B, len(s.logp)))
-        ell = s.logp[idx].mean(axis=1)  # [B]
-        c = s.dlogp[idx] / ell[:, None, None]  # [B, n, K]
+    for s, idx in zip(sets, draws, strict=True):
+        ell = s.logp[idx].mean(axis=1)  # [b]
+        c = s.dlogp[idx] / ell[:, None, None]  # [b, n, K]
         cs.append(c)
         Cs.append(c.mean(axis=1))
         Fs.append(s.F[idx].mean(axis=1))
@@ -91,21 +95,27 @@ def bootstrap_intervals(
     Returns {measure: (low, high)} for ``measures``' outputs and the ``corrected`` names.
     A resample on which a measure is undefined (e.g. an all-zero row) counts as NaN and
     is left out of that measure's quantiles; an interval with no finite value is NaN.
+    The resamples are drawn first (family by family) and then evaluated in chunks whose
+    C, F and c_{m,i} stay within ``_CHUNK_ELEMENTS`` (large K: gates per head or neuron).
     """
     rng = np.random.default_rng(seed)
-    C, F, cs = _resampled(sets, B, rng)
+    indices = [rng.integers(0, len(s.logp), size=(B, len(s.logp))) for s in sets]
+    K = sets[0].dlogp.shape[1]  # noqa: N806
+    chunk = max(1, _CHUNK_ELEMENTS // (K * sum(len(s.logp) + 2 for s in sets)))
     draws: dict[str, list[float]] = {}
-    for b in range(B):
-        try:
-            values = measures(families, C[b], F[b])
-        except ValueError:
-            continue
-        for name, value in values.items():
-            draws.setdefault(name, []).append(value)
-    if corrected and min(len(s.logp) for s in sets) >= 2:
-        for key, arr in gram_measures(unbiased_gram(cs)).items():
-            if CORRECTED[key] in corrected:
-                draws[CORRECTED[key]] = list(arr)
+    for first in range(0, B, chunk):
+        C, F, cs = _resampled(sets, [idx[first : first + chunk] for idx in indices])
+        for b in range(C.shape[0]):
+            try:
+                values = measures(families, C[b], F[b])
+            except ValueError:
+                continue
+            for name, value in values.items():
+                draws.setdefault(name, []).append(value)
+        if corrected and min(len(s.logp) for s in sets) >= 2:
+            for key, arr in gram_measures(unbiased_gram(cs)).items():
+                if CORRECTED[key] in corrected:
+                    draws.setdefault(CORRECTED[key], []).extend(arr)
     alpha = (1.0 - level) / 2.0
     out = {}
     for name, values in draws.items():
@@ -127,6 +137,14 @@ def _angle_deg(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.degrees(np.arccos(min(1.0, cos))))
 
 
+def _gate_direction(Z: np.ndarray) -> np.ndarray:
+    """Leading eigenvector of the K x K matrix Z^T Z without forming it: Z^T u / ||Z^T u||
+    with u the leading eigenvector of the small Gram Z Z^T (rows x rows). The seeds' mean
+    of C_s^T C_s / tr_s is Z^T Z for Z the stacked C_s / sqrt(tr_s) (scale is irrelevant)."""
+    v = Z.T @ _leading(Z @ Z.T)[1]
+    return v / np.linalg.norm(v)
+
+
 def direction_stability(matrices: dict[int, np.ndarray]) -> pd.DataFrame:
     """Per seed: angles of the leading family- and gate-space directions to the seeds'
     mean, the eigengap and the Davis-Kahan bound (module doc). ``matrices``: seed -> C.
@@ -137,15 +155,15 @@ def direction_stability(matrices: dict[int, np.ndarray]) -> pd.DataFrame:
     seeds = sorted(matrices)
     grams = [matrices[s] @ matrices[s].T for s in seeds]
     grams = [G / np.trace(G) for G in grams]
-    gates = [matrices[s].T @ matrices[s] for s in seeds]
-    gates = [H / np.trace(H) for H in gates]
     w_mean, u_mean = _leading(np.mean(grams, axis=0))
-    _, v_mean = _leading(np.mean(gates, axis=0))
+    v_mean = _gate_direction(
+        np.concatenate([matrices[s] / np.sqrt(np.sum(matrices[s] ** 2)) for s in seeds])
+    )
     gap_mean = w_mean[0] - w_mean[1] if len(w_mean) > 1 else np.inf
     rows = []
-    for seed, G, H in zip(seeds, grams, gates, strict=True):
+    for seed, G in zip(seeds, grams, strict=True):
         w, u = _leading(G)
-        _, v = _leading(H)
+        v = _gate_direction(matrices[seed])
         spread = float(np.linalg.norm(G - np.mean(grams, axis=0), ord=2))
         sin_bound = min(1.0, 2.0 * spread / gap_mean) if gap_mean > 0 else 1.0
         rows.append(

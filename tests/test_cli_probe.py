@@ -48,6 +48,7 @@ def test_probe_writes_long_format_parquet_with_metadata(
         "gate",
         "layer",
         "sublayer",
+        "unit",
         "C",
         "F",
         "dl_dg",

@@ -293,7 +293,7 @@ def test_nan_weights_in_training(tmp_path) -> None:
     [
         ("random-ref", "--seed", -1, "-K", 4, "-T", 10),
         ("random-ref", "-M", 100_000, "-K", 4, "-T", 10),
-        ("random-ref", "-M", 900, "-K", 90_000, "-T", 10),
+        ("random-ref", "-M", 900, "-K", 200_000, "-T", 10),
         ("random-ref", "-K", 4, "-T", "1e23"),
         ("random-ref", "-K", 4, "-T", 10**23),
         ("eap-info", "--seed", -1),

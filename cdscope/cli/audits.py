@@ -17,6 +17,7 @@ from cdscope.cli.common import (
     DeviceOpt,
     DtypeOpt,
     FromOpt,
+    GranularityOpt,
     JsonOpt,
     MaxMemoryOpt,
     ModelOpt,
@@ -76,6 +77,7 @@ def _run_audit_command(
     options,  # noqa: ANN001 - cdscope.frames.ModelOptions
     bootstrap: int = 1000,
     detect: float = 5.0,
+    granularity: str | None = None,
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
@@ -103,8 +105,9 @@ def _run_audit_command(
         n or ProbeSettings.n,
         template or ProbeSettings.template,
         batch_size=batch_size,
+        granularity=granularity or ProbeSettings.granularity,
     )
-    explicit = {"n": n, "template": template}
+    explicit = {"n": n, "template": template, "granularity": granularity}
     result = run_audit(
         spec,
         target,
@@ -128,6 +131,11 @@ def _run_audit_command(
         outputs["probe"] = str(sibling(target, "probe"))
     if plot is not None:
         outputs["plot"] = str(plot)
+        frame = result.probe_frame
+        if "unit" in frame.columns and frame["unit"].notna().any():
+            from cdscope.commands.audit import units_plot_path
+
+            outputs["units_plot"] = str(units_plot_path(plot))
     return spec, result, outputs
 
 
@@ -193,6 +201,7 @@ def bshared(
     resume: ResumeOpt = False,
     recompute: RecomputeOpt = False,
     batch_size: BatchOpt = None,
+    granularity: GranularityOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
@@ -233,6 +242,7 @@ def bshared(
         ),
         bootstrap,
         detect,
+        granularity,
     )
     if plot is not None:
         draw_audit(plot, result)
@@ -270,6 +280,7 @@ def _register_audit_command(command: str, doc: str) -> None:
         resume: ResumeOpt = False,
         recompute: RecomputeOpt = False,
         batch_size: BatchOpt = None,
+        granularity: GranularityOpt = None,
         device: DeviceOpt = "auto",
         dtype: DtypeOpt = "auto",
         attn: AttnOpt = "auto",
@@ -286,7 +297,7 @@ def _register_audit_command(command: str, doc: str) -> None:
         )
         spec, result, outputs = _run_audit_command(
             command, model, seeds, n, probe, template, out, plot, as_json, from_path,
-            resume_arg(resume, recompute), batch_size, options, bootstrap, detect,
+            resume_arg(resume, recompute), batch_size, options, bootstrap, detect, granularity,
         )  # fmt: skip
         if plot is not None:
             from cdscope.commands.audit import draw_audit
@@ -344,8 +355,10 @@ def random_ref(
         typer.Option("--value", help="A measured B_shared in percent: report its percentile."),
     ] = None,
     model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Take K from this model (2 x layers).")
+        str | None,
+        typer.Option("--model", "-m", help="Take K from this model (its gates at --granularity)."),
     ] = None,
+    granularity: GranularityOpt = None,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Parquet of the T samples (stats in metadata).")
     ] = Path("results/random_ref.parquet"),
@@ -363,12 +376,15 @@ def random_ref(
 
     if gates is not None and model is not None:  # -K would be silently ignored
         raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
+    if granularity is not None and model is None:
+        raise CdscopeError("--granularity takes K from --model: give --model too")
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
     result = random_reference_result(
-        families, gates, trials, seed, None if value is None else value / 100, model
-    )
+        families, gates, trials, seed, None if value is None else value / 100, model,
+        granularity or "sublayer",
+    )  # fmt: skip
     stats = result.stats
     write_parquet(result.frame, target, run_metadata("random-ref", **stats))
     if plot is not None:

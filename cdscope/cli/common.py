@@ -293,6 +293,14 @@ AuditNOpt = Annotated[
         "--n", min=1, max=COUNT_MAX, help="Probe samples per family per seed [default: 3]."
     ),
 ]
+GranularityOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--granularity",
+        help="Gates: sublayer (one per write) | head (per attention head) | expert (per MoE "
+        "expert) | neuron (per MLP neuron, heads for attention) [default: sublayer].",
+    ),
+]
 AuditTemplateOpt = Annotated[
     str | None,
     typer.Option("--template", "-t", help="Prompt template: plain | chat [default: plain]."),

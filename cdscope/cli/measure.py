@@ -13,6 +13,7 @@ from cdscope.cli.common import (
     DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    GranularityOpt,
     JsonOpt,
     MaxMemoryOpt,
     ModelOpt,
@@ -72,6 +73,7 @@ def probe(
         ),
     ] = ProbeSettings.fd_order,
     batch_size: BatchOpt = None,
+    granularity: GranularityOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     attn: AttnOpt = "auto",
@@ -86,8 +88,9 @@ def probe(
 ) -> None:
     """Measure the control matrix C, activation matrix F and l_m per family (SPEC §2).
 
-    Writes one row per (model, seed, family, gate) with columns layer, sublayer, C, F,
-    dl_dg, ell, dropped; run metadata is in the Parquet key-value metadata.
+    Writes one row per (model, seed, family, gate) with columns layer, sublayer, unit
+    (head / expert / neuron index at a finer --granularity, else null), C, F, dl_dg, ell,
+    dropped; run metadata is in the Parquet key-value metadata.
     """
     from cdscope.commands.probe import collect_control
     from cdscope.io import check_writable
@@ -95,8 +98,9 @@ def probe(
     from cdscope.render import seed_summary_table
 
     settings = ProbeSettings(
-        tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order
-    )
+        tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order,
+        granularity or ProbeSettings.granularity,
+    )  # fmt: skip
     options = model_options(
         device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
     )

@@ -33,6 +33,7 @@ from cdscope import spectral
 from cdscope.errors import CdscopeError
 from cdscope.frames import (
     FRAME_COLUMNS,
+    UNIT_COLUMN,
     ModelOptions,
     ProbeSettings,
     control_matrices,
@@ -59,6 +60,10 @@ def acg_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str,
     return {"B_shared_F": b_f, "B_shared_C": b_c, "ACG": b_f - b_c}
 
 
+#: decompose's point on the cumulative |C| mass curve: the share carried by the top 1 % of gates
+TOP_FRACTION = 0.01
+
+
 def decompose_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
     values = {
         "B_shared_C": float(spectral.b_shared(C)),
@@ -69,6 +74,8 @@ def decompose_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dic
         values[f"abs_cos[{a}|{b}]"] = cos
     for family, pr in zip(families, spectral.participation_ratio(C), strict=True):
         values[f"PR[{family}]"] = float(pr)
+    for family, share in zip(families, spectral.top_share(C, TOP_FRACTION), strict=True):
+        values[f"top1%[{family}]"] = float(share)  # the mass curve at 1 % of the gates
     return values
 
 
@@ -93,7 +100,7 @@ AUDITS = {
         "decompose",
         decompose_measures,
         "B_shared_C",
-        ("PR[",),
+        ("PR[", "top1%["),
         ("B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"),
     ),
 }
@@ -129,7 +136,7 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
     frame, metadata = read_parquet(path)
     check_probe_frame(frame, str(path))
     check_probe_file(frame, metadata, path)
-    settings = metadata["settings"]
+    settings = {"granularity": "sublayer", **metadata["settings"]}  # older files: sublayer
     for key, wanted in expect.items():
         if wanted is not None and settings.get(key) != wanted:
             raise CdscopeError(
@@ -375,7 +382,7 @@ def check_probe_frame(frame: object, what: str = "the probe frame") -> pd.DataFr
         raise CdscopeError(
             f"{what} must be a pandas DataFrame from cdscope.measure, got {type(frame).__name__}"
         )
-    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns and c != UNIT_COLUMN]
     if missing:
         raise CdscopeError(
             f"{what} is not a probe file/frame (missing column(s) {', '.join(missing)}); pass "
@@ -459,10 +466,22 @@ def evaluate_audit(
     )
 
 
+def units_plot_path(path: Path) -> Path:
+    """``fig.png`` -> ``fig.units.png``: the unit figure beside an audit's figure."""
+    return path.with_name(f"{path.stem}.units{path.suffix}")
+
+
 def draw_audit(path: Path, result: AuditResult) -> None:
-    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``)."""
+    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``);
+    when the gates are finer than whole writes, also the unit figure
+    (``plots_units.plot_units``: |C| mass curves, layer x head heatmaps) beside it."""
     from cdscope.plots import plot_audit, plot_decompose
 
+    frame = result.probe_frame
+    if UNIT_COLUMN in frame.columns and frame[UNIT_COLUMN].notna().any():
+        from cdscope.plots_units import plot_units
+
+        plot_units(units_plot_path(path), frame)
     if result.command == "decompose":
         plot_decompose(path, result.per_seed, result.summary)
         return

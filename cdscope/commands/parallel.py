@@ -67,7 +67,8 @@ class _RankWorker:
         self._stack.close()
         self._spec, self._stack = None, ExitStack()
         self._loaded = self.options.load(spec, self.console)
-        self._gm = self._stack.enter_context(GatedModel(self._loaded.model))
+        gated = GatedModel(self._loaded.model, granularity=self.settings.granularity)
+        self._gm = self._stack.enter_context(gated)
         self._spec, self.record = spec, model_record(self._loaded, self._gm)
 
     def run(self, pair: tuple[str, int] | None, rank: int) -> dict | None:

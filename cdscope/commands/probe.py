@@ -90,7 +90,7 @@ def collect_control(
                 continue
             progress.update(task, description=f"loading {spec}")
             loaded = given if isinstance(given, LoadedModel) else options.load(spec, console)
-            with GatedModel(loaded.model) as gm:
+            with GatedModel(loaded.model, granularity=settings.granularity) as gm:
                 record = model_record(loaded, gm)
                 metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [record]
                 for seed in todo:

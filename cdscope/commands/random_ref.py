@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from cdscope.errors import CdscopeError
-from cdscope.spectral import RandomReference, random_reference
+from cdscope.spectral import BARTLETT_K, RandomReference, random_reference
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
 
@@ -37,6 +37,7 @@ def random_reference_result(
     seed: int = 0,
     value: float | None = None,
     model: str | None = None,
+    granularity: str = "sublayer",
 ) -> RandomReferenceResult:
     """Check the inputs, take K from ``model`` when ``gates`` is None, sample, summarise.
 
@@ -56,13 +57,14 @@ def random_reference_result(
             raise CdscopeError("give --gates K, or --model to take K from a model")
         from cdscope.models.loading import model_gate_count
 
-        gates = model_gate_count(model)
+        gates = model_gate_count(model, granularity)
     if gates < 1:
         raise CdscopeError(f"--gates must be at least 1; got {gates}")
-    if families * max(families, gates) > MAX_ELEMENTS:  # one trial's X and X X^T
+    drawn = families if gates >= max(BARTLETT_K, families) else gates  # X, or G directly
+    if families * max(families, drawn) > MAX_ELEMENTS:  # one trial's X and X X^T
         raise CdscopeError(
             f"--families {families} x --gates {gates} needs "
-            f"{8 * families * max(families, gates) / 2**30:.1f} GiB per random matrix; "
+            f"{8 * families * max(families, drawn) / 2**30:.1f} GiB per random matrix; "
             f"M x max(M, K) must stay below {MAX_ELEMENTS:,}"
         )
     ref = random_reference(families, gates, trials, seed)
@@ -78,6 +80,7 @@ def random_reference_result(
         "value": value,
         "percentile": None if value is None else ref.percentile_of(value),
         "model": model,
+        "granularity": granularity if model is not None else None,
     }
     return RandomReferenceResult(ref, stats)
 

@@ -68,10 +68,10 @@ def _sample_lists(result: ControlResult) -> dict[str, list]:
     if result.row_family is None:
         return {}
     rows = [np.flatnonzero(result.row_family == m) for m in range(M)]
-    return {
-        "logp_samples": [result.row_logp[r].tolist() for r in rows for _ in range(K)],
-        "dlogp_samples": [result.row_dlogp[r, k].tolist() for r in rows for k in range(K)],
-        "F_samples": [result.row_F[r, k].tolist() for r in rows for k in range(K)],
+    return {  # one tolist per family (K = 10^5..10^6 gates at neuron granularity)
+        "logp_samples": [x for r in rows for x in [result.row_logp[r].tolist()] * K],
+        "dlogp_samples": [x for r in rows for x in result.row_dlogp[r].T.tolist()],
+        "F_samples": [x for r in rows for x in result.row_F[r].T.tolist()],
     }
 
 
@@ -87,6 +87,7 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
             "gate": np.tile(np.arange(K), M),
             "layer": np.tile(gates.layers, M),
             "sublayer": np.tile(gates.sublayers, M),
+            "unit": pd.array(np.tile(np.array(gates.unit_indices, dtype=object), M), dtype="Int64"),
             "C": result.C.ravel(),
             "F": result.F.ravel(),
             "dl_dg": result.dl_dg.ravel(),

@@ -356,9 +356,12 @@ def _offline_hint() -> str:
     )
 
 
-def model_gate_count(spec: str) -> int:
-    """K of ``spec``: the number of residual writes its proven architecture description has
-    (the model is loaded: K is discovered from its forward, not read from a table)."""
-    from cdscope.models.adapters import architecture_of
+def model_gate_count(spec: str, granularity: str = "sublayer") -> int:
+    """K of ``spec`` at ``granularity``: at sublayer, the number of residual writes its
+    proven architecture description has (the model is loaded: K is discovered from its
+    forward, not read from a table); finer, the gates of ``GatedModel``'s gate set."""
+    from cdscope.frames import ProbeSettings
+    from cdscope.gates import GatedModel
 
-    return architecture_of(load_model(spec, device="cpu").model).K
+    ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity
+    return GatedModel(load_model(spec, device="cpu").model, granularity=granularity).gate_set.K

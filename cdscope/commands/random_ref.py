@@ -55,8 +55,6 @@ def random_reference_result(
     if gates is None:
         if model is None:
             raise CdscopeError("give --gates K, or --model to take K from a model")
-        from cdscope.models.loading import model_gate_count
-
         gates = model_gate_count(model, granularity)
     if gates < 1:
         raise CdscopeError(f"--gates must be at least 1; got {gates}")
@@ -93,3 +91,15 @@ def draw_random_reference(path: object, result: RandomReferenceResult) -> None:
     plot_random_reference(
         path, ref.samples, ref.M, ref.K, ref.p95, ref.p99, stats["value"], stats["percentile"]
     )
+
+
+def model_gate_count(spec: str, granularity: str = "sublayer") -> int:
+    """K of ``spec`` at ``granularity``: at sublayer, the number of residual writes its
+    proven architecture description has (the model is loaded: K is discovered from its
+    forward, not read from a table); finer, the gates of ``GatedModel``'s gate set."""
+    from cdscope.frames import ProbeSettings  # the model stack loads only when asked for
+    from cdscope.gates import GatedModel
+    from cdscope.models.loading import load_model
+
+    ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity
+    return GatedModel(load_model(spec, device="cpu").model, granularity=granularity).gate_set.K

@@ -354,14 +354,3 @@ def _offline_hint() -> str:
     return (
         f"; offline mode is on (HF_HUB_OFFLINE), so the model must already be cached under {cache}"
     )
-
-
-def model_gate_count(spec: str, granularity: str = "sublayer") -> int:
-    """K of ``spec`` at ``granularity``: at sublayer, the number of residual writes its
-    proven architecture description has (the model is loaded: K is discovered from its
-    forward, not read from a table); finer, the gates of ``GatedModel``'s gate set."""
-    from cdscope.frames import ProbeSettings
-    from cdscope.gates import GatedModel
-
-    ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity
-    return GatedModel(load_model(spec, device="cpu").model, granularity=granularity).gate_set.K

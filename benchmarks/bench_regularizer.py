@@ -35,8 +35,8 @@ MODES = ("plain", "exact", "proxy", "richardson", "proxy-handed", "richardson-ha
 def run_mode(mode: str, reps: int, batch_size: int) -> dict:
     import torch
 
-    from cdscope.batch import encode_probe
-    from cdscope.control import _chunks, control_autograd
+    from cdscope.batch import encode_probe, row_chunks
+    from cdscope.control import control_autograd
     from cdscope.gates import GatedModel
     from cdscope.likelihood import row_target_logprobs
     from cdscope.models import load_model
@@ -49,7 +49,7 @@ def run_mode(mode: str, reps: int, batch_size: int) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
 
     def plain() -> None:
-        for rows in _chunks(batch.B, batch_size, batch.lengths):
+        for rows in row_chunks(batch.B, batch_size, batch.lengths):
             logp = row_target_logprobs(model, batch, rows)
             torch.autograd.grad(logp.sum(), params)
 

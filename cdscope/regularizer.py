@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from cdscope.batch import ProbeBatch
-from cdscope.control import EPS0, ControlResult, _chunks, control_autograd
+from cdscope.batch import ProbeBatch, row_chunks
+from cdscope.control import EPS0, ControlResult, control_autograd
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.likelihood import row_target_logprobs
@@ -153,7 +153,7 @@ def exact_grad(
     row_c = (w_dot_c * scale)[batch.row_family].to(device=device, dtype=dtype)
     grads = [torch.zeros_like(p) for p in chosen]
     try:
-        for rows in _chunks(batch.B, batch_size, batch.lengths):
+        for rows in row_chunks(batch.B, batch_size, batch.lengths):
             gates = torch.ones(
                 len(rows), gm.gate_set.K, device=device, dtype=dtype, requires_grad=True
             )
@@ -311,7 +311,7 @@ def proxy_grad(
     weight_of = torch.tensor(stencil, dtype=dtype, device=device)[virtual // B]
     rows_of = virtual % B
     logp_all = torch.zeros(len(virtual), dtype=dtype, device=device)
-    for chunk in _chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets))):
+    for chunk in row_chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets))):
         rows = rows_of[chunk]
         family = row_family[rows.to(device)]
         gates = 1.0 + offset_of[chunk, None] * direction[family]
@@ -325,7 +325,7 @@ def proxy_grad(
     derivative = _family_sum(per_row, batch) / sizes  # D_m
     if not detach_normaliser:
         per_family = -w_norm * derivative * inverse**2  # d(a_m D_m N_m)/d l_m
-        for rows in _chunks(B, batch_size, batch.lengths):
+        for rows in row_chunks(B, batch_size, batch.lengths):
             family = row_family[rows.to(device)]
             backpropagate(rows, None, per_family[family] / sizes[family])
     families = [f for f, k in zip(batch.families, nominal.kept.tolist(), strict=True) if k]

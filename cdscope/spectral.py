@@ -16,7 +16,8 @@ symmetric positive semi-definite, eigenvalues lambda_1 >= ... >= lambda_M >= 0):
   by the regulariser (SPEC §5). One generic implementation serves numpy and torch.
 * ``B_dir`` (direction sharing: B_shared of the row-normalised matrix, i.e.
   lambda_max of the row-cosine matrix over M), ``B_norm`` (largest share of the
-  squared row norms), |cos| between rows, and the participation ratio of each row.
+  squared row norms), |cos| between rows, the participation ratio of each row and its
+  cumulative |C| mass curve.
 * ``ACG = B_shared(F) - B_shared(C)``, the activation-control gap.
 
 The random reference (SPEC §4) is the distribution of B_shared over M x K matrices with
@@ -49,6 +50,7 @@ __all__ = [
     "b_dir",
     "b_norm",
     "b_shared",
+    "cumulative_mass",
     "gram",
     "moment_ratio",
     "moment_ratio_torch",
@@ -246,6 +248,20 @@ def participation_ratio(C: ArrayLike) -> np.ndarray:
     if np.any(sq <= 0.0):
         raise ValueError("participation_ratio: C has an all-zero row, whose PR is undefined")
     return np.abs(A).sum(axis=-1) ** 2 / sq
+
+
+def cumulative_mass(C: ArrayLike) -> np.ndarray:
+    """Per row, the share of ``sum_k |C[m,k]|`` carried by its r largest |entries|, r = 1..K.
+
+    Shape [..., M, K], non-decreasing along the last axis and ending at 1; the companion
+    of ``participation_ratio`` (how many gates carry a row). Raises ValueError if a row
+    is all zero.
+    """
+    mags = -np.sort(-np.abs(_as_matrix(C, "C")), axis=-1)
+    total = mags.sum(axis=-1, keepdims=True)
+    if np.any(total <= 0.0):
+        raise ValueError("cumulative_mass: C has an all-zero row, whose mass is undefined")
+    return np.cumsum(mags, axis=-1) / total
 
 
 def acg(F: ArrayLike, C: ArrayLike) -> np.ndarray | float:

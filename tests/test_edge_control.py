@@ -16,15 +16,17 @@ import torch
 from conftest import byte_tokenizer, gate_gradient, tiny_model, write_pool
 
 from cdscope.batch import encode_probe
+from cdscope.commands.edge_control import edges_for_mass
 from cdscope.control import control_autograd
 from cdscope.eap_graph import EdgeGraph, edge_count
 from cdscope.edge_control import GRANULARITY, EdgeGateSet, control_edges
+from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel
 from cdscope.hooks import HookSet, first_tensor
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.adapters import architecture_of
 from cdscope.probes import draw_probe, load_pool
-from cdscope.spectral import b_shared
+from cdscope.spectral import b_shared, cumulative_mass
 
 ARCHS = ["llama", "gpt2", "qwen2"]
 #: Llama-family RMSNorm computes in fp32 even in float64 models (see test_eap.py).
@@ -193,3 +195,50 @@ def test_one_row_at_a_time_equals_one_batch(models, results, batch) -> None:
     np.testing.assert_allclose(single.row_logp, whole.row_logp, rtol=1e-12)
     np.testing.assert_allclose(single.F, whole.F, rtol=1e-12)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in models["llama"].modules())
+
+
+# -- the workflow: Parquet, concentration table, figure -------------------------------
+def test_cumulative_mass_and_edge_counts_against_a_loop() -> None:
+    rng = np.random.default_rng(0)
+    C = rng.standard_normal((3, 40)) * rng.exponential(size=40)  # noqa: N806
+    cum = cumulative_mass(C)
+    for m in range(3):
+        mags = sorted(np.abs(C[m]), reverse=True)
+        total, running = sum(mags), 0.0
+        for r, value in enumerate(mags):
+            running += value
+            assert cum[m, r] == pytest.approx(running / total, rel=1e-12)
+        for q in (0.5, 0.9):
+            first = next(r + 1 for r in range(40) if cum[m, r] >= q - 1e-12)
+            assert edges_for_mass(C, q)[m] == first
+    assert edges_for_mass(np.eye(4), 0.9).tolist() == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="all-zero row"):
+        cumulative_mass(np.zeros((1, 3)))
+
+
+def test_edge_probe_writes_parquet_and_figure(tmp_path) -> None:
+    import cdscope
+    from cdscope.commands.edge_control import EDGE_COLUMNS, concentration, edge_probe
+    from cdscope.frames import ProbeSettings
+    from cdscope.io import read_parquet
+
+    pool = load_pool([write_pool(tmp_path / "p.jsonl", {"a": 4, "b": 4, "c": 4})])
+    loaded = cdscope.load_model(tiny_model("llama"), byte_tokenizer(), name="tiny")
+    out, plot = tmp_path / "edges.parquet", tmp_path / "edges.png"
+    frame, metadata = edge_probe([loaded], pool, ProbeSettings(seeds=(0, 1), n=2), out, plot)
+    back, meta = read_parquet(out)
+    L = loaded.num_layers  # noqa: N806
+    assert len(back) == 2 * 3 * edge_count(L) and set(EDGE_COLUMNS) <= set(back.columns)
+    assert meta["granularity"] == "edge" and meta["models"][0]["K"] == edge_count(L)
+    assert meta["models"][0]["granularity"] == "edge" and set(meta["drawn"]) == {"0", "1"}
+    one = back[(back["seed"] == 0) & (back["family"] == "a")]
+    assert one.loc[one["upstream"] == "emb", "downstream"].iloc[0] == "attn0"
+    assert plot.stat().st_size > 10_000
+    table = concentration(back)
+    assert len(table) == 6 and np.all((table["PR"] >= 1) & (table["PR"] <= table["E"]))
+    assert np.all(table["edges_50"] <= table["edges_90"])
+    C = one.sort_values("gate")["C"].to_numpy()  # noqa: N806
+    row = table[(table["seed"] == 0) & (table["family"] == "a")].iloc[0]
+    assert row["PR"] == pytest.approx(np.abs(C).sum() ** 2 / (C**2).sum(), rel=1e-12)
+    with pytest.raises(CdscopeError, match="autograd"):
+        edge_probe([loaded], pool, ProbeSettings(seeds=(0,), estimator="fd"))

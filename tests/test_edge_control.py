@@ -242,3 +242,18 @@ def test_edge_probe_writes_parquet_and_figure(tmp_path) -> None:
     assert row["PR"] == pytest.approx(np.abs(C).sum() ** 2 / (C**2).sum(), rel=1e-12)
     with pytest.raises(CdscopeError, match="autograd"):
         edge_probe([loaded], pool, ProbeSettings(seeds=(0,), estimator="fd"))
+
+
+@pytest.mark.slow
+def test_embedded_model_has_3691_edges_consistent_with_its_node_gates(embedded) -> None:
+    from cdscope.api import load_pool as shipped_pool
+
+    batch = encode_probe(draw_probe(shipped_pool(), seed=0, n=1), embedded.tokenizer, "plain")
+    result = control_edges(embedded.model, batch)
+    assert result.gate_set.K == edge_count(30) == 3691
+    with GatedModel(embedded.model) as gm:
+        node = control_autograd(gm, batch)
+    summed = _by_upstream(_graph(embedded.model), result.dl_dg)[:, 1:]
+    # float32: the two backward passes sum ~60 paths in different orders
+    np.testing.assert_allclose(summed, node.dl_dg, rtol=0, atol=1e-3 * np.abs(node.dl_dg).max())
+    np.testing.assert_allclose(result.ell, node.ell, rtol=1e-5)

@@ -254,6 +254,7 @@ def test_embedded_model_has_3691_edges_consistent_with_its_node_gates(embedded) 
     with GatedModel(embedded.model) as gm:
         node = control_autograd(gm, batch)
     summed = _by_upstream(_graph(embedded.model), result.dl_dg)[:, 1:]
-    # float32: the two backward passes sum ~60 paths in different orders
-    np.testing.assert_allclose(summed, node.dl_dg, rtol=0, atol=1e-3 * np.abs(node.dl_dg).max())
-    np.testing.assert_allclose(result.ell, node.ell, rtol=1e-5)
+    # float32, two backward passes summing up to 121 paths in different orders: measured
+    # max |difference| = 1.4e-6 of the largest |dl/dg|
+    np.testing.assert_allclose(summed, node.dl_dg, rtol=0, atol=2e-5 * np.abs(node.dl_dg).max())
+    np.testing.assert_allclose(result.ell, node.ell, rtol=1e-6)

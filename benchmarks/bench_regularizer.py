@@ -41,8 +41,8 @@ SPEC_EPS = 0.05
 def run_mode(mode: str, batch_size: int) -> dict:
     import torch
 
-    from cdscope.batch import encode_probe
-    from cdscope.control import _chunks, control_autograd
+    from cdscope.batch import encode_probe, row_chunks
+    from cdscope.control import control_autograd
     from cdscope.gates import GatedModel
     from cdscope.likelihood import row_target_logprobs
     from cdscope.models import load_model

@@ -76,6 +76,41 @@ def rows_per_forward(requested: int | None, device: torch.device | str) -> int |
     if requested is not None:
         return requested
     return 1 if torch.device(device).type == "cpu" else None
+def row_chunks(
+    B: int,
+    batch_size: int | None,
+    lengths: torch.Tensor | None = None,  # noqa: N803
+) -> list[torch.Tensor]:
+    """Row-index micro-batches of at most ``batch_size`` (None: one batch of all ``B``);
+    rows of similar length go together (when ``lengths`` is given) so little compute is
+    spent on padding."""
+    order = (
+        torch.argsort(lengths, descending=True, stable=True)
+        if lengths is not None
+        else torch.arange(B)
+    )
+    size = batch_size or B
+    return [order[i : i + size] for i in range(0, B, size)]
+
+
+def family_mean(per_row: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
+    """Rows ``[B, ...]`` -> family means ``[M, ...]`` (on the CPU)."""
+    sums = torch.zeros((batch.M, *per_row.shape[1:]), dtype=per_row.dtype)
+    sums.index_add_(0, batch.row_family, per_row.cpu())
+    return sums / batch.family_sizes().to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
+
+
+def mean_at_predicting_positions(
+    values: torch.Tensor, batch: ProbeBatch, rows: torch.Tensor
+) -> torch.Tensor:
+    """``values`` ``[b, K, T]`` of ``rows`` -> ``[b, K]``: each row's mean over the
+    positions that predict its target tokens (F of SPEC §2 when ``values`` are norms)."""
+    local, pos, _ = batch.predicting_positions(rows)
+    picked = values[local.to(values.device), :, pos.to(values.device)]  # [N, K]
+    sums = torch.zeros(len(rows), values.shape[1], dtype=picked.dtype, device=picked.device)
+    sums.index_add_(0, local.to(picked.device), picked)
+    counts = torch.bincount(local, minlength=len(rows)).to(sums)
+    return sums / counts[:, None]
 
 
 def prompt_text(tokenizer: object, prompt: str, template: str) -> tuple[str, bool]:

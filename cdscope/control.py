@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cdscope.batch import ProbeBatch
+from cdscope.batch import ProbeBatch, family_mean, mean_at_predicting_positions, row_chunks
 from cdscope.finite import require_finite
 from cdscope.gates import GatedModel, GateSet, gate_dtype
 from cdscope.likelihood import row_target_logprobs
@@ -109,39 +109,6 @@ def frozen_parameters(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def row_chunks(
-    B: int, batch_size: int | None, lengths: torch.Tensor | None = None
-) -> list[torch.Tensor]:  # noqa: N803
-    """Row-index micro-batches of at most ``batch_size``; rows of similar length go
-    together (when ``lengths`` is given) so little compute is spent on padding."""
-    order = (
-        torch.argsort(lengths, descending=True, stable=True)
-        if lengths is not None
-        else torch.arange(B)
-    )
-    size = batch_size or B
-    return [order[i : i + size] for i in range(0, B, size)]
-
-
-def _family_mean(per_row: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
-    """Rows ``[B, ...]`` -> family means ``[M, ...]``."""
-    sums = torch.zeros((batch.M, *per_row.shape[1:]), dtype=per_row.dtype)
-    sums.index_add_(0, batch.row_family, per_row.cpu())
-    return sums / batch.family_sizes().to(per_row.dtype).view(-1, *([1] * (per_row.dim() - 1)))
-
-
-def _mean_norm_at_predicting_positions(
-    norms: torch.Tensor, batch: ProbeBatch, rows: torch.Tensor
-) -> torch.Tensor:
-    """``norms`` ``[b, K, T]`` -> ``[b, K]`` mean over each row's target-predicting positions."""
-    local, pos, _ = batch.predicting_positions(rows)
-    picked = norms[local.to(norms.device), :, pos.to(norms.device)]  # [N, K]
-    sums = torch.zeros(len(rows), norms.shape[1], dtype=picked.dtype, device=picked.device)
-    sums.index_add_(0, local.to(picked.device), picked)
-    counts = torch.bincount(local, minlength=len(rows)).to(sums)
-    return sums / counts[:, None]
-
-
 def control_autograd(
     gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None
 ) -> ControlResult:
@@ -163,16 +130,16 @@ def control_autograd(
             row_logp[rows] = logp.detach().double().cpu()
             row_grad[rows] = grad.double().cpu()
             row_F[rows] = (
-                _mean_norm_at_predicting_positions(capture.stacked(K), batch, rows).double().cpu()
+                mean_at_predicting_positions(capture.stacked(K), batch, rows).double().cpu()
             )
-    ell = _family_mean(row_logp, batch)
+    ell = family_mean(row_logp, batch)
     dl_dg = torch.zeros(batch.M, K, dtype=torch.float64).index_add_(0, batch.row_family, row_grad)
     return ControlResult(
         batch.families,
         gm.gate_set,
         ell.numpy(),
         dl_dg.numpy(),
-        _family_mean(row_F, batch).numpy(),
+        family_mean(row_F, batch).numpy(),
         "autograd",
         batch.row_family.cpu().numpy(),
         row_logp.numpy(),
@@ -236,7 +203,7 @@ def control_finite_difference(
         settings[p, torch.arange(J), columns] += offset * step
     virtual = settings.reshape(P * J, K).repeat_interleave(B, dim=0)  # setting s, row b at s*B + b
     logp = _gated_row_logprobs(gm, batch, virtual, batch_size).view(P * J, B)
-    ell = torch.stack([_family_mean(logp[s], batch) for s in range(P * J)]).view(P, J, -1)
+    ell = torch.stack([family_mean(logp[s], batch) for s in range(P * J)]).view(P, J, -1)
     dl_dg = torch.full((batch.M, K), float("nan"), dtype=torch.float64)
     dl_dg[:, columns] = (sum(w * ell[p] for p, w in enumerate(weights)) / step).T  # [M, J]
     per_row = logp.view(P, J, B)
@@ -252,15 +219,13 @@ def control_finite_difference(
                 torch.ones(len(rows), K, device=device, dtype=dtype), capture_norms=True
             ) as cap:
                 row_logp[rows] = row_target_logprobs(gm.model, batch, rows).double().cpu()
-            row_F[rows] = (
-                _mean_norm_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
-            )
+            row_F[rows] = mean_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
     return ControlResult(
         batch.families,
         gm.gate_set,
-        _family_mean(row_logp, batch).numpy(),
+        family_mean(row_logp, batch).numpy(),
         dl_dg.numpy(),
-        _family_mean(row_F, batch).numpy(),
+        family_mean(row_F, batch).numpy(),
         "fd",
         batch.row_family.cpu().numpy(),
         row_logp.numpy(),

@@ -70,14 +70,13 @@ import numpy as np
 import torch
 from scipy import stats as _sps
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
-from cdscope.batch import ProbeBatch
-from cdscope.control import frozen_parameters, row_chunks
+from cdscope.batch import ProbeBatch, row_chunks
+from cdscope.control import frozen_parameters
 from cdscope.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
-from cdscope.gates import first_tensor, replace_first
+from cdscope.hooks import HookSet, first_tensor, replace_first, replace_input
 from cdscope.likelihood import row_target_logprobs
 from cdscope.models.adapters import architecture_of
 from cdscope.models.discovery import input_tensor
@@ -90,12 +89,6 @@ STATISTICS = ("intensity", "info_complexity", "kurtosis")
 def _leaf(x: torch.Tensor) -> torch.Tensor:
     """With frozen parameters nothing upstream of h_0 needs a gradient: start the graph here."""
     return x if x.requires_grad else x.detach().requires_grad_()
-
-
-def _replace_input(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
-    if args and isinstance(args[0], torch.Tensor):
-        return (x, *args[1:]), kwargs
-    return args, {**kwargs, "hidden_states": x}
 
 
 class EdgeHooks:
@@ -115,16 +108,10 @@ class EdgeHooks:
         self.activations: list[torch.Tensor | None] = [None] * len(self.graph.upstream)
         self.path_inputs: list[torch.Tensor | None] = [None] * len(self.graph.consumers)
         self._stash: dict[str, torch.Tensor] = {}
-        self._handles: list[RemovableHandle] = []
+        self._hooks = HookSet("EdgeHooks")
 
     def __enter__(self) -> EdgeHooks:
-        if self._handles:
-            raise RuntimeError("EdgeHooks are already installed")
-        try:
-            self._install()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
+        self._hooks.install(self._install)  # removed again if installing fails
         return self
 
     def __exit__(
@@ -133,15 +120,13 @@ class EdgeHooks:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
         self._stash.clear()
         self.activations = [None] * len(self.activations)
         self.path_inputs = [None] * len(self.path_inputs)
 
-    def _install(self) -> None:
-        add, get = self._handles.append, self.model.get_submodule
+    def _install(self, hooks: HookSet) -> None:
+        add, get = hooks.add, self.model.get_submodule
         add(self.blocks[0].register_forward_pre_hook(self._embedding, with_kwargs=True))
         consumer = 0
         for k, reads in enumerate(self.plan):
@@ -177,7 +162,7 @@ class EdgeHooks:
     def _embedding(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
         x = _leaf(input_tensor(args, kwargs))
         self.activations[0] = x.detach()
-        return _replace_input(args, kwargs, x)
+        return replace_input(args, kwargs, x)
 
     def _record(self, index: int, scale: float):  # noqa: ANN202 - torch hook signature
         """a_u = s_k * output (the block adds s_k times the module output). The forward
@@ -202,7 +187,7 @@ class EdgeHooks:
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
             alias = self._alias(consumer, self._stash[stream])
-            return _replace_input(args, kwargs, norm.forward(alias) if norm else alias)
+            return replace_input(args, kwargs, norm.forward(alias) if norm else alias)
 
         return hook
 
@@ -242,7 +227,7 @@ class EdgeHooks:
 
     def _path_alias(self, consumer: int):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
-            return _replace_input(args, kwargs, self._alias(consumer, input_tensor(args, kwargs)))
+            return replace_input(args, kwargs, self._alias(consumer, input_tensor(args, kwargs)))
 
         return hook
 
@@ -252,13 +237,17 @@ def answer_token_counts(batch: ProbeBatch, rows: torch.Tensor) -> torch.Tensor:
     return batch.lengths[rows] - batch.target_start[rows]
 
 
-def _scores_of_rows(
-    hooks: EdgeHooks, batch: ProbeBatch, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward + one backward: ``([b, E] edge scores, [b] losses)`` of ``rows``."""
-    logp = row_target_logprobs(hooks.model, batch, rows)
-    losses = -logp / answer_token_counts(batch, rows).to(logp)
-    grads = torch.autograd.grad(losses.sum(), hooks.path_inputs)
+def edge_products(
+    hooks: EdgeHooks, batch: ProbeBatch, rows: torch.Tensor, objective: torch.Tensor
+) -> torch.Tensor:
+    """``[b, E]``: a_u . d objective_b / d x_{v,p} of every row and edge (u -> v, p), summed
+    over real positions and hidden dims, from one backward of ``objective.sum()`` (rows
+    are independent). ``objective`` ``[b]`` comes from the hooked forward of ``rows``.
+
+    With objective = Loss this is -s(u -> v, p); with objective = log pi it is the
+    gradient of log pi in a gate on the edge at g = 1 (``cdscope.edge_control``).
+    """
+    grads = torch.autograd.grad(objective.sum(), hooks.path_inputs)
     wide = torch.promote_types(grads[0].dtype, torch.float32)
     device = grads[0].device  # under a device map the nodes live on several devices
     acts = torch.stack([a.to(device) for a in hooks.activations], dim=1).to(wide)  # [b, U, T, D]
@@ -269,9 +258,17 @@ def _scores_of_rows(
     )
     acts = acts * real[:, None, :, None]
     path_grads = torch.stack([g.to(device) for g in grads], dim=1).to(wide)  # [b, C, T, D]
-    full = -torch.bmm(acts.flatten(2), path_grads.flatten(2).transpose(1, 2))  # [b, U, C]
-    graph = hooks.graph
-    return full[:, graph.edge_up, graph.edge_cons], losses.detach()
+    full = torch.bmm(acts.flatten(2), path_grads.flatten(2).transpose(1, 2))  # [b, U, C]
+    return full[:, hooks.graph.edge_up, hooks.graph.edge_cons]
+
+
+def _scores_of_rows(
+    hooks: EdgeHooks, batch: ProbeBatch, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward + one backward: ``([b, E] edge scores, [b] losses)`` of ``rows``."""
+    logp = row_target_logprobs(hooks.model, batch, rows)
+    losses = -logp / answer_token_counts(batch, rows).to(logp)
+    return -edge_products(hooks, batch, rows, losses), losses.detach()
 
 
 @dataclass

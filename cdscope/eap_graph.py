@@ -245,3 +245,10 @@ def eap_support_and_plan(
 def eap_support(model: nn.Module, arch: Architecture | None = None) -> str:
     """``"yes"`` when eap-info supports ``model``, else the one-line reason."""
     return eap_support_and_plan(model, arch)[0]
+
+
+def edge_graph(model: nn.Module) -> EdgeGraph:
+    """The edge graph of ``model`` (its proven writes read through ``eap_plan``'s paths),
+    or a CdscopeError naming why the architecture has no EAP support."""
+    arch = architecture_of(model)
+    return EdgeGraph.from_plan(arch, eap_plan(model, arch))

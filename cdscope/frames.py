@@ -22,8 +22,10 @@ if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
 
 ESTIMATORS = ("autograd", "fd")
 #: gate granularities (``cdscope.gates.GatedModel``; docs/granularity.md): one gate per
-#: residual write, per attention head, per routed/shared MoE expert, per MLP neuron
-GRANULARITIES = ("sublayer", "head", "expert", "neuron")
+#: residual write, per attention head, per routed/shared MoE expert, per MLP neuron; and
+#: one per edge of the EAP graph (``cdscope.edge_control``, not a GatedModel gate set)
+GATE_GRANULARITIES = ("sublayer", "head", "expert", "neuron")
+GRANULARITIES = (*GATE_GRANULARITIES, "edge")
 FRAME_COLUMNS = [
     "model",
     "seed",
@@ -72,6 +74,8 @@ class ProbeSettings:
             raise CdscopeError(
                 f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
             )
+        if self.granularity == "edge" and self.estimator != "autograd":
+            raise CdscopeError("edge granularity has only the autograd estimator: drop --estimator fd")
         if self.fd_order not in (2, 4):
             raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
         if self.batch_size is not None and self.batch_size < 1:

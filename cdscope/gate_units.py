@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel, GateUnit, WriteSite, gate_columns, per_row, rows_first
+from cdscope.gate_sites import GateState, GateUnit, WriteSite, gate_columns, per_row, rows_first
 from cdscope.models import discovery as d
 from cdscope.models.adapters import Architecture, Write
 from cdscope.models.placement import execution_device
@@ -85,7 +85,7 @@ class SliceSite:
             GateUnit(self.start + u, self.layer, self.sublayer, u) for u in range(self.count)
         )
 
-    def install(self, gm: GatedModel) -> list[RemovableHandle]:
+    def install(self, gm: GateState) -> list[RemovableHandle]:
         return [self.proj.register_forward_pre_hook(self.hook(gm))]
 
     def norms(self, split: torch.Tensor) -> torch.Tensor:
@@ -101,15 +101,15 @@ class SliceSite:
                 squares = (torch.einsum("...ui,uij->...uj", x, gram) * x).sum(-1)
             return squares.clamp_min(0).sqrt()
 
-    def hook(self, gm: GatedModel):  # noqa: ANN201 - torch hook signature
+    def hook(self, gm: GateState):  # noqa: ANN201 - torch hook signature
         def hook(module: nn.Module, args: tuple) -> tuple | None:
-            if gm._gates is None and gm._capture is None:
+            if gm.gates is None and gm.capture is None:
                 return None
             split = args[0].unflatten(-1, (self.count, self.width))
-            rows = None if gm._gates is None else gm._gates.shape[0]
-            if gm._capture is not None:
-                gm._capture.norms[self.start] = rows_first(self.norms(split), rows)
-            if gm._gates is None:
+            rows = None if gm.gates is None else gm.gates.shape[0]
+            if gm.capture is not None:
+                gm.capture.norms[self.start] = rows_first(self.norms(split), rows)
+            if gm.gates is None:
                 return None
             g = per_row(gate_columns(gm, self.start, self.start + self.count, split), split, 2)
             return ((split * g).flatten(-2), *args[1:])
@@ -134,7 +134,7 @@ class ExpertSite:
         routed = (GateUnit(self.start + e, self.layer, self.sublayer, e) for e in range(self.count))
         return (*routed, *(s.units[0] for s, _ in self.shared))
 
-    def install(self, gm: GatedModel) -> list[RemovableHandle]:
+    def install(self, gm: GateState) -> list[RemovableHandle]:
         handles = [self.experts.register_forward_pre_hook(self.hook(gm), with_kwargs=True)]
         for site, scale in self.shared:
             handles += site.install(gm)
@@ -158,23 +158,23 @@ class ExpertSite:
                 out.scatter_add_(1, slot.clamp(max=self.count - 1), norm * valid)
         return out
 
-    def hook(self, gm: GatedModel):  # noqa: ANN201 - torch hook signature
+    def hook(self, gm: GateState):  # noqa: ANN201 - torch hook signature
         signature = inspect.signature(self.experts.forward)
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
-            if gm._gates is None and gm._capture is None:
+            if gm.gates is None and gm.capture is None:
                 return None
             bound = signature.bind(*args, **kwargs)
             hidden, index, weights = (bound.arguments[a] for a in _EXPERT_ARGS)
-            rows = None if gm._gates is None else gm._gates.shape[0]
-            if gm._capture is not None:
-                gm._capture.norms[self.start] = rows_first(self.norms(hidden, index, weights), rows)
-            if gm._gates is None:
+            rows = None if gm.gates is None else gm.gates.shape[0]
+            if gm.capture is not None:
+                gm.capture.norms[self.start] = rows_first(self.norms(hidden, index, weights), rows)
+            if gm.gates is None:
                 return None
             # routers hand over fp32 weights even in fp64 models: the product takes the
             # wider dtype so the gate's gradient keeps the gate's precision (values at g = 1
             # are unchanged: the experts promote the weights to that dtype anyway)
-            wide = torch.promote_types(weights.dtype, gm._gates.dtype)
+            wide = torch.promote_types(weights.dtype, gm.gates.dtype)
             g = per_row(
                 gate_columns(gm, self.start, self.start + self.count, weights.to(wide)), hidden, 1
             )
@@ -186,15 +186,15 @@ class ExpertSite:
         return hook
 
 
-def _sigmoid_scale(gm: GatedModel, k: int):  # noqa: ANN202 - torch hook signature
+def _sigmoid_scale(gm: GateState, k: int):  # noqa: ANN202 - torch hook signature
     """Qwen2-MoE adds ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``: scale the
     captured norm of the shared expert's output by the sigmoid (it runs after it)."""
 
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if gm._capture is not None:
-            rows = None if gm._gates is None else gm._gates.shape[0]
+        if gm.capture is not None:
+            rows = None if gm.gates is None else gm.gates.shape[0]
             scale = torch.sigmoid(_wide(output))[..., 0]
-            gm._capture.norms[k] = gm._capture.norms[k] * scale.reshape(rows or 1, -1)
+            gm.capture.norms[k] = gm.capture.norms[k] * scale.reshape(rows or 1, -1)
 
     return hook
 

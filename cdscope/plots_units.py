@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from cdscope import spectral
 from cdscope.frames import control_matrices
-from cdscope.plots import PALETTE, _save, _short, _style, plt
+from cdscope.plots import PALETTE, apply_style, plt, save_figure, short_label
 
 
 def _curves(frame: pd.DataFrame, model: str) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -51,7 +51,7 @@ def head_grid(frame: pd.DataFrame, model: str) -> dict[str, np.ndarray]:
 
 def plot_units(path: Path, frame: pd.DataFrame) -> None:
     """Mass curves and layer x head heatmaps of C, one row of panels per model."""
-    _style()
+    apply_style()
     models = list(dict.fromkeys(frame["model"]))
     grids = {m: head_grid(frame, m) if "unit" in frame.columns else {} for m in models}
     columns = 1 + max(len(g) for g in grids.values())
@@ -72,7 +72,7 @@ def plot_units(path: Path, frame: pd.DataFrame) -> None:
         ax.axvline(0.01, color="0.6", lw=0.8, ls=":")
         ax.set_xlabel(f"fraction of the {K:,} gates (largest |C| first)")
         ax.set_ylabel("share of Σ|C|")
-        ax.set_title(f"{_short(model)}: cumulative |C| mass", fontsize=10)
+        ax.set_title(f"{short_label(model)}: cumulative |C| mass", fontsize=10)
         ax.legend(frameon=False, fontsize=8, loc="lower right")
         grid = grids[model]
         scale = max((np.nanmax(np.abs(g)) for g in grid.values()), default=1.0) or 1.0
@@ -92,4 +92,4 @@ def plot_units(path: Path, frame: pd.DataFrame) -> None:
             axes[row, col].axis("off")
         if image is not None:
             fig.colorbar(image, ax=list(axes[row, 1 : 1 + len(grid)]), shrink=0.85, label="C")
-    _save(fig, path)
+    save_figure(fig, path)

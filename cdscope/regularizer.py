@@ -42,8 +42,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from cdscope.batch import ProbeBatch
-from cdscope.control import EPS0, ControlResult, control_autograd, row_chunks
+from cdscope.batch import ProbeBatch, row_chunks
+from cdscope.control import EPS0, ControlResult, control_autograd
 from cdscope.errors import CdscopeError
 from cdscope.gates import GatedModel, gate_dtype
 from cdscope.likelihood import row_target_logprobs

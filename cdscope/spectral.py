@@ -16,7 +16,8 @@ symmetric positive semi-definite, eigenvalues lambda_1 >= ... >= lambda_M >= 0):
   by the regulariser (SPEC §5). One generic implementation serves numpy and torch.
 * ``B_dir`` (direction sharing: B_shared of the row-normalised matrix, i.e.
   lambda_max of the row-cosine matrix over M), ``B_norm`` (largest share of the
-  squared row norms), |cos| between rows, and the participation ratio of each row.
+  squared row norms), |cos| between rows, the participation ratio of each row and its
+  cumulative |C| mass curve.
 * ``ACG = B_shared(F) - B_shared(C)``, the activation-control gap.
 
 The random reference (SPEC §4) is the distribution of B_shared over M x K matrices with

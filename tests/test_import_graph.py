@@ -121,19 +121,8 @@ def _package_parents(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     }
 
 
-#: import edges that still close a cycle, each with why it is not broken here. The models
-#: one is intrinsic to the current layout: ``GatedModel(model)`` defaults to the proven
-#: ``architecture_of(model)``, and the proof runs the real ``GatedModel`` hooks; breaking
-#: it moves GatedModel (gates.py, whose hook lifecycle is being reworked separately).
-KNOWN_CYCLE_EDGES = {
-    ("cdscope.models.proof", "cdscope.gates"),
-}
-
-
 def test_no_import_cycles() -> None:
     graph = _package_parents(edges(modules()))
-    for importer, imported in KNOWN_CYCLE_EDGES:
-        graph.get(importer, set()).discard(imported)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 

@@ -298,7 +298,8 @@ GranularityOpt = Annotated[
     typer.Option(
         "--granularity",
         help="Gates: sublayer (one per write) | head (per attention head) | expert (per MoE "
-        "expert) | neuron (per MLP neuron, heads for attention) [default: sublayer].",
+        "expert) | neuron (per MLP neuron, heads for attention) | edge (per edge of the eap-info "
+        "graph) [default: sublayer].",
     ),
 ]
 AuditTemplateOpt = Annotated[

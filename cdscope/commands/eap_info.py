@@ -318,7 +318,7 @@ def run_eap_info(
     summary, paired = summarise(per_sample, specs, settings.bootstrap, settings.seed)
     metadata = run_metadata(
         "eap-info",
-        models=[model_record(lm, GatedModel(lm.model)) for lm in loaded],
+        models=[model_record(lm, GatedModel(lm.model).gate_set) for lm in loaded],
         baseline=baseline,
         family=settings.family,
         n=settings.n,

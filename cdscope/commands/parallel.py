@@ -34,6 +34,7 @@ from rich.console import Console
 from cdscope import distributed
 from cdscope.commands.workflow import (
     dropped_warning,
+    gated,
     measure,
     model_record,
     probe_metadata,
@@ -42,7 +43,6 @@ from cdscope.commands.workflow import (
 )
 from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
-from cdscope.gates import GatedModel
 from cdscope.io import write_parquet
 from cdscope.messages import dim
 from cdscope.probes import ProbePool
@@ -67,9 +67,8 @@ class _RankWorker:
         self._stack.close()
         self._spec, self._stack = None, ExitStack()
         self._loaded = self.options.load(spec, self.console)
-        gated = GatedModel(self._loaded.model, granularity=self.settings.granularity)
-        self._gm = self._stack.enter_context(gated)
-        self._spec, self.record = spec, model_record(self._loaded, self._gm)
+        self._gm = self._stack.enter_context(gated(self._loaded, self.settings))
+        self._spec = spec
 
     def run(self, pair: tuple[str, int] | None, rank: int) -> dict | None:
         """One round's status: the pair's frame and model record, or its error line."""
@@ -79,6 +78,7 @@ class _RankWorker:
         try:
             self._switch(spec)
             result = measure(self._loaded, self._gm, self.pool, seed, self.settings)
+            self.record = model_record(self._loaded, result.gate_set)
         except CdscopeError as exc:
             return {"error": f"rank {rank}: {exc}"}
         except Exception as exc:  # noqa: BLE001 - any crash must reach every rank as one line

@@ -17,6 +17,7 @@ from rich.console import Console
 from cdscope.commands.parallel import collect_control_parallel
 from cdscope.commands.workflow import (
     dropped_warning,
+    gated,
     measure,
     model_record,
     probe_metadata,
@@ -27,7 +28,6 @@ from cdscope.control import ControlResult
 from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
 from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
-from cdscope.gates import GatedModel
 from cdscope.io import write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.models import LoadedModel
@@ -90,12 +90,14 @@ def collect_control(
                 continue
             progress.update(task, description=f"loading {spec}")
             loaded = given if isinstance(given, LoadedModel) else options.load(spec, console)
-            with GatedModel(loaded.model, granularity=settings.granularity) as gm:
-                record = model_record(loaded, gm)
-                metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [record]
+            with gated(loaded, settings) as gm:
                 for seed in todo:
                     progress.update(task, description=f"{spec} seed {seed}")
                     result = measure(loaded, gm, pool, seed, settings)
+                    record = model_record(loaded, result.gate_set)
+                    metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
+                        record
+                    ]
                     if result.dropped:
                         dropped_warning(console, spec, seed, result.dropped)
                     frames.append(result_frame(spec, seed, result))

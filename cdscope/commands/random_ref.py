@@ -97,9 +97,13 @@ def model_gate_count(spec: str, granularity: str = "sublayer") -> int:
     """K of ``spec`` at ``granularity``: at sublayer, the number of residual writes its
     proven architecture description has (the model is loaded: K is discovered from its
     forward, not read from a table); finer, the gates of ``GatedModel``'s gate set."""
+    from cdscope.eap_graph import edge_graph
     from cdscope.frames import ProbeSettings  # the model stack loads only when asked for
     from cdscope.gates import GatedModel
     from cdscope.models.loading import load_model
 
     ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity
-    return GatedModel(load_model(spec, device="cpu").model, granularity=granularity).gate_set.K
+    model = load_model(spec, device="cpu").model
+    if granularity == "edge":
+        return edge_graph(model).E
+    return GatedModel(model, granularity=granularity).gate_set.K

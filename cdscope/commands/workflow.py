@@ -10,6 +10,7 @@ models with ``model_record``. ``--resume`` is ``cdscope.resume``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import pandas as pd
@@ -17,19 +18,33 @@ from rich.console import Console
 
 from cdscope.batch import encode_probe, rows_per_forward
 from cdscope.control import ControlResult, control_autograd, control_finite_difference
+from cdscope.edge_control import EDGE_COLUMNS, EdgeGateSet, control_edges
 from cdscope.finite import NonFinite
 from cdscope.frames import ModelOptions, ProbeSettings, describe_seeds
-from cdscope.gates import GatedModel
+from cdscope.gates import GatedModel, GateSet
 from cdscope.io import run_metadata
 from cdscope.messages import warn
 from cdscope.models import LoadedModel
 from cdscope.probes import ProbePool, draw_probe, drawn_ids
 
 
+def gated(loaded: LoadedModel, settings: ProbeSettings) -> AbstractContextManager:
+    """The gates a probe at ``settings.granularity`` measures through: a ``GatedModel``, or
+    nothing at edge granularity (``cdscope.edge_control`` hooks the model itself)."""
+    if settings.granularity == "edge":
+        return nullcontext(None)
+    return GatedModel(loaded.model, granularity=settings.granularity)
+
+
 def measure(
-    loaded: LoadedModel, gm: GatedModel, pool: ProbePool, seed: int, settings: ProbeSettings
+    loaded: LoadedModel,
+    gm: GatedModel | None,
+    pool: ProbePool,
+    seed: int,
+    settings: ProbeSettings,
 ) -> ControlResult:
-    """One probe seed on one model: draw, encode, estimate (non-finite values refused)."""
+    """One probe seed on one model: draw, encode, estimate (non-finite values refused).
+    ``gm`` is the context of ``gated`` (None at edge granularity)."""
     items = draw_probe(pool, seed, settings.n)
     pad_id = getattr(loaded.tokenizer, "pad_token_id", None) or 0
     batch = encode_probe(items, loaded.tokenizer, settings.template, pad_id=pad_id).to(
@@ -39,6 +54,8 @@ def measure(
     # batch on the embedded model). GPU default: the whole probe in one batch.
     batch_size = rows_per_forward(settings.batch_size, loaded.device)
     try:
+        if gm is None:
+            return control_edges(loaded.model, batch, batch_size)
         if settings.estimator == "autograd":
             return control_autograd(gm, batch, batch_size)
         return control_finite_difference(gm, batch, settings.fd_step, batch_size and 8 * batch_size)
@@ -76,9 +93,18 @@ def _sample_lists(result: ControlResult) -> dict[str, list]:
 
 
 def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
-    """Long format: one row per (family, gate), with the per-sample lists when known."""
+    """Long format: one row per (family, gate), with the per-sample lists when known; at
+    edge granularity also each edge's ``upstream``, ``downstream`` node and ``path``."""
     M, K = result.dl_dg.shape  # noqa: N806
     gates = result.gate_set
+    edges = {}
+    if isinstance(gates, EdgeGateSet):
+        edges = {
+            column: np.tile(values, M)
+            for column, values in zip(
+                EDGE_COLUMNS, (gates.upstream, gates.downstream, gates.paths), strict=True
+            )
+        }
     return pd.DataFrame(
         {
             "model": model,
@@ -94,23 +120,24 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
             "ell": np.repeat(result.ell, K),
             "dropped": np.repeat(~result.kept, K),
             **_sample_lists(result),
+            **edges,
         }
     )
 
 
-def model_record(loaded: LoadedModel, gm: GatedModel | None = None) -> dict:
+def model_record(loaded: LoadedModel, gate_set: GateSet | None = None) -> dict:
     """The one description of a model in every command's run metadata (``models`` /
     ``model``): name as given, resolved source, content revision (what ``--resume``
     compares, ``cdscope.resume.model_identity``), architecture type, dtype, device and
-    attention implementation; with its gates ``gm``, also the layer count, K and the gate
-    granularity."""
+    attention implementation; with the gate set it was measured at, also the layer count,
+    K and the gate granularity."""
     config = getattr(loaded.model, "config", None)
     gates = {}
-    if gm is not None:
+    if gate_set is not None:
         gates = {
-            "layers": gm.architecture.num_layers,
-            "K": gm.gate_set.K,
-            "granularity": gm.gate_set.granularity,
+            "layers": loaded.num_layers,
+            "K": gate_set.K,
+            "granularity": gate_set.granularity,
         }
     return {
         "name": loaded.name,

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from cdscope.errors import CdscopeError
+from cdscope.hooks import first_tensor
 
 PROBE_TOKENS = 6
 MAX_DEPTH = 2
@@ -105,13 +106,6 @@ class Trace:
     logits: torch.Tensor
     blocks: list[BlockTrace]
     outside: dict[str, Record]
-
-
-def first_tensor(value: object) -> torch.Tensor | None:
-    """The tensor of a module output: itself, a tuple's first element, or None."""
-    if isinstance(value, (tuple, list)) and value:
-        value = value[0]
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def input_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:

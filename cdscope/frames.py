@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from cdscope.errors import CdscopeError
+from cdscope.gate_sites import GATE_GRANULARITIES
+from cdscope.uncertainty import FamilySamples
 
 if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
     from cdscope.models.loading import LoadedModel
@@ -24,7 +26,6 @@ ESTIMATORS = ("autograd", "fd")
 #: gate granularities (``cdscope.gates.GatedModel``; docs/granularity.md): one gate per
 #: residual write, per attention head, per routed/shared MoE expert, per MLP neuron; and
 #: one per edge of the EAP graph (``cdscope.edge_control``, not a GatedModel gate set)
-GATE_GRANULARITIES = ("sublayer", "head", "expert", "neuron")
 GRANULARITIES = (*GATE_GRANULARITIES, "edge")
 FRAME_COLUMNS = [
     "model",
@@ -75,7 +76,9 @@ class ProbeSettings:
                 f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
             )
         if self.granularity == "edge" and self.estimator != "autograd":
-            raise CdscopeError("edge granularity has only the autograd estimator: drop --estimator fd")
+            raise CdscopeError(
+                "edge granularity has only the autograd estimator: drop --estimator fd"
+            )
         if self.fd_order not in (2, 4):
             raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -141,16 +144,6 @@ def control_matrices(
         wide = group.pivot(index="family", columns="gate", values=value).sort_index()
         matrices[(model, int(seed))] = (list(wide.index), wide.to_numpy())
     return matrices
-
-
-@dataclass(frozen=True)
-class FamilySamples:
-    """One family's per-sample probe quantities (SPEC §2): the family means are
-    l_m = mean(logp), dl_m/dg = mean(dlogp, axis=0), F_m = mean(F, axis=0)."""
-
-    logp: np.ndarray  # [n]
-    dlogp: np.ndarray  # [n, K]
-    F: np.ndarray  # [n, K]
 
 
 def sample_sets(

@@ -36,8 +36,15 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from cdscope.frames import GATE_GRANULARITIES
-from cdscope.gate_sites import Capture, GateSet, GateState, GateUnit, WriteSite, gate_dtype
+from cdscope.gate_sites import (
+    GATE_GRANULARITIES,
+    Capture,
+    GateSet,
+    GateState,
+    GateUnit,
+    WriteSite,
+    gate_dtype,
+)
 from cdscope.gate_units import unit_sites
 from cdscope.hooks import HookSet
 from cdscope.models.adapters import Architecture, architecture_of

@@ -1,6 +1,7 @@
 """Per-sample uncertainty of the audit measures within one probe seed (SPEC §4).
 
-Built on the per-sample probe quantities (``frames.FamilySamples``): for family m with
+Built on the per-sample probe quantities (``FamilySamples``, read from the long frame by
+``frames.sample_sets``): for family m with
 samples i = 1..n_m, log pi_i, d log pi_i / d g and F_i.
 
 * ``corrected_measures``: B_shared, R, B_dir, B_norm of the noise-corrected Gram
@@ -24,11 +25,11 @@ samples i = 1..n_m, log pi_i, d log pi_i / d g and F_i.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from cdscope.frames import FamilySamples
 from cdscope.noise import gram_measures, unbiased_gram
 
 #: (families, C, F) -> {name: value}; the audit engine's measure functions
@@ -41,6 +42,16 @@ CORRECTED = {
     "B_norm": "B_norm_unbiased",
     "negative_mass": "gram_negative_mass",
 }
+
+
+@dataclass(frozen=True)
+class FamilySamples:
+    """One family's per-sample probe quantities (SPEC §2): the family means are
+    l_m = mean(logp), dl_m/dg = mean(dlogp, axis=0), F_m = mean(F, axis=0)."""
+
+    logp: np.ndarray  # [n]
+    dlogp: np.ndarray  # [n, K]
+    F: np.ndarray  # [n, K]
 
 
 def contributions(sets: Sequence[FamilySamples]) -> list[np.ndarray]:

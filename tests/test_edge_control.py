@@ -277,7 +277,7 @@ def test_cli_probe_and_bshared_at_edge_granularity(tiny_model_dir, tmp_path) -> 
     assert probe.exit_code == 0, probe.output
     frame, meta = read_parquet(out)
     E = meta["models"][0]["K"]  # noqa: N806
-    assert E == edge_count(meta["models"][0]["layers"]) and len(frame) == 2 * E
+    assert edge_count(meta["models"][0]["layers"]) == E and len(frame) == 2 * E
     assert {"upstream", "downstream", "path"} <= set(frame.columns)
     assert frame["upstream"].iloc[0] == "emb" and frame["downstream"].iloc[-1] == "logits"
     audit = runner.invoke(app, ["bshared", "--from", str(out), "-o", str(tmp_path / "b.parquet")])

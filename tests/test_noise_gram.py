@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from cdscope import spectral
-from cdscope.frames import FamilySamples
 from cdscope.noise import gram_measures, psd_part, unbiased_gram
 from cdscope.uncertainty import (
+    FamilySamples,
     bootstrap_intervals,
     contributions,
     corrected_measures,

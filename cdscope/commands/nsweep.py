@@ -35,10 +35,10 @@ from rich.console import Console
 from cdscope import spectral
 from cdscope.commands.audit import obtain_probe_frame, sibling
 from cdscope.errors import CdscopeError
-from cdscope.frames import FamilySamples, ModelOptions, ProbeSettings, sample_sets
+from cdscope.frames import ModelOptions, ProbeSettings, sample_sets
 from cdscope.io import run_metadata, write_parquet
 from cdscope.stats import mean_se
-from cdscope.uncertainty import contributions, corrected_measures
+from cdscope.uncertainty import FamilySamples, contributions, corrected_measures
 
 NS_DEFAULT = (1, 2, 3, 6, 12, 24)
 MEASURES = ("B_shared_C", "B_shared_C_unbiased", "gram_negative_mass")

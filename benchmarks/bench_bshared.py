@@ -30,8 +30,8 @@ def main() -> None:
 
     from cdscope.commands.audit import AUDITS, run_audit, sibling
     from cdscope.commands.probe import ModelOptions, ProbeSettings, collect_control
-    from cdscope.models import load_model
-    from cdscope.probes import load_pool
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import load_pool
 
     quiet = Console(file=open("/dev/null", "w"), stderr=False)  # noqa: SIM115
     load_model()  # cache ready; the timed runs below load it again, as users do

@@ -33,11 +33,11 @@ def main() -> None:
     parser.add_argument("--template", default="plain")
     args = parser.parse_args()
 
-    from cdscope.batch import encode_probe
-    from cdscope.control import control_autograd
-    from cdscope.gates import GatedModel
-    from cdscope.models import load_model
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.control import control_autograd
+    from cdscope.core.gates import GatedModel
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import draw_probe, load_pool
 
     load_model()  # make sure the cache exists
     start = time.perf_counter()

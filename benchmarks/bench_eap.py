@@ -2,7 +2,7 @@
 
 For each of n probe samples of one family (targets as answers, one sample per batch):
 
-- ``eap``:        ``cdscope.eap.edge_scores`` (forward with hooks, one backward to the
+- ``eap``:        ``cdscope.core.eap.edge_scores`` (forward with hooks, one backward to the
                   4L + 1 path inputs, the [U, T*D] x [T*D, C] product);
 - ``fwd+bwd``:    the same loss (mean NLL of the answer tokens), one forward and one
                   backward to the input embeddings, parameters frozen (what EAP needs);
@@ -73,12 +73,12 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from cdscope.batch import encode_probe
-    from cdscope.control import frozen_parameters
-    from cdscope.eap import edge_scores
-    from cdscope.likelihood import output_logits
-    from cdscope.models import load_model
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.control import frozen_parameters
+    from cdscope.core.eap import edge_scores
+    from cdscope.core.likelihood import output_logits
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import draw_probe, load_pool
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -4,8 +4,8 @@ For each probe row (n items of every family, one row per batch, as the CPU defau
 
 - ``fwd+bwd``: log pi of the row's target, one forward and one backward to the input
   embeddings, parameters frozen (the reference: what any gradient readout costs);
-- ``node C``:  ``cdscope.control.control_autograd`` (K = 2L gates on the writes);
-- ``edge C``:  ``cdscope.edge_control.control_edges`` (E = 4L^2 + 3L + 1 edge gates).
+- ``node C``:  ``cdscope.core.control.control_autograd`` (K = 2L gates on the writes);
+- ``edge C``:  ``cdscope.core.edge_control.control_edges`` (E = 4L^2 + 3L + 1 edge gates).
 
 The three are interleaved within every repetition (machine load hits all alike); each
 row's time is the median over R repetitions, and the reported ratio is the median over
@@ -31,14 +31,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
-    from cdscope.batch import encode_probe
-    from cdscope.control import control_autograd, frozen_parameters
-    from cdscope.eap_graph import edge_count
-    from cdscope.edge_control import control_edges
-    from cdscope.gates import GatedModel
-    from cdscope.likelihood import output_logits
-    from cdscope.models import load_model
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.control import control_autograd, frozen_parameters
+    from cdscope.core.eap_graph import edge_count
+    from cdscope.core.edge_control import control_edges
+    from cdscope.core.gates import GatedModel
+    from cdscope.core.likelihood import output_logits
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import draw_probe, load_pool
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

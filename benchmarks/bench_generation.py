@@ -1,4 +1,4 @@
-"""Generated tokens/s of ``cdscope.generation.sample`` vs one plain ``model.generate`` call.
+"""Generated tokens/s of ``cdscope.core.generation.sample`` vs one plain ``model.generate`` call.
 
 Both sides sample the same batch (P probe prompts x S samples, left-padded, KV cache)
 on the embedded model; tokens are counted up to and including each row's first EOS.
@@ -26,9 +26,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.6)
     args = parser.parse_args()
 
-    from cdscope.generation import completion_mask, eos_token_ids, sample
-    from cdscope.models import load_model
-    from cdscope.probes import load_pool
+    from cdscope.core.generation import completion_mask, eos_token_ids, sample
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import load_pool
 
     loaded = load_model()
     model, tok = loaded.model, loaded.tokenizer

@@ -35,9 +35,9 @@ def _rss() -> int:
 def _setup(n: int):  # noqa: ANN202
     import torch
 
-    from cdscope.batch import encode_probe
-    from cdscope.models import load_model
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import draw_probe, load_pool
 
     torch.set_num_threads(1)
     loaded = load_model()
@@ -47,8 +47,8 @@ def _setup(n: int):  # noqa: ANN202
 
 def memory_child(granularity: str, n: int) -> None:
     """One measurement in this (fresh) process: prints {peak, before} in bytes."""
-    from cdscope.control import control_autograd
-    from cdscope.gates import GatedModel
+    from cdscope.core.control import control_autograd
+    from cdscope.core.gates import GatedModel
 
     loaded, batch = _setup(n)
     gm = GatedModel(loaded.model, granularity=granularity)
@@ -81,8 +81,8 @@ def main() -> None:
         memory_child(args.child, args.n)
         return
 
-    from cdscope.control import control_autograd
-    from cdscope.gates import GatedModel
+    from cdscope.core.control import control_autograd
+    from cdscope.core.gates import GatedModel
 
     loaded, batch = _setup(args.n)
     gms = {g: GatedModel(loaded.model, granularity=g) for g in GRANULARITIES}

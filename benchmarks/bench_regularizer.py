@@ -41,13 +41,13 @@ SPEC_EPS = 0.05
 def run_mode(mode: str, batch_size: int) -> dict:
     import torch
 
-    from cdscope.batch import encode_probe, row_chunks
-    from cdscope.control import control_autograd
-    from cdscope.gates import GatedModel
-    from cdscope.likelihood import row_target_logprobs
-    from cdscope.models import load_model
-    from cdscope.probes import draw_probe, load_pool
-    from cdscope.regularizer import DEFAULT_EPS, exact_grad, regularizer_grad
+    from cdscope.core.batch import encode_probe, row_chunks
+    from cdscope.core.control import control_autograd
+    from cdscope.core.gates import GatedModel
+    from cdscope.core.likelihood import row_target_logprobs
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import draw_probe, load_pool
+    from cdscope.core.regularizer import DEFAULT_EPS, exact_grad, regularizer_grad
 
     loaded = load_model(attn="eager")
     batch = encode_probe(draw_probe(load_pool(), 0, 3), loaded.tokenizer)
@@ -65,7 +65,7 @@ def run_mode(mode: str, batch_size: int) -> dict:
         nominal = control_autograd(gm, batch, batch_size) if mode.endswith("-handed") else None
         start = time.perf_counter()
         if mode == "plain":
-            plain(list(_chunks(batch.B, batch_size, batch.lengths)))
+            plain(list(row_chunks(batch.B, batch_size, batch.lengths)))
         elif mode == "exact":
             exact_grad(gm, batch, batch_size=batch_size)
         else:

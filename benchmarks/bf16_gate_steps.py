@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from cdscope.batch import encode_probe
-from cdscope.control import control_autograd
+from cdscope.analysis.spectral import r_sensitivity_torch
+from cdscope.core.batch import encode_probe
+from cdscope.core.control import control_autograd
+from cdscope.core.gates import GatedModel
+from cdscope.core.models import load_model
+from cdscope.core.probes import draw_probe, load_pool
+from cdscope.core.regularizer import PERTURBATION_TOLERANCE, check_realised_perturbation
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
-from cdscope.models import load_model
-from cdscope.probes import draw_probe, load_pool
-from cdscope.regularizer import PERTURBATION_TOLERANCE, check_realised_perturbation
-from cdscope.spectral import r_sensitivity_torch
 
 
 def realised_error(offsets: tuple[float, ...], direction: torch.Tensor, dtype: torch.dtype) -> str:

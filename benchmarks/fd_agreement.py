@@ -25,11 +25,11 @@ def main() -> None:
     parser.add_argument("--gates", help="comma-separated gate columns to check (default: all K)")
     args = parser.parse_args()
 
-    from cdscope.batch import encode_probe
-    from cdscope.control import control_autograd, control_finite_difference
-    from cdscope.gates import GatedModel
-    from cdscope.models import load_model
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.control import control_autograd, control_finite_difference
+    from cdscope.core.gates import GatedModel
+    from cdscope.core.models import load_model
+    from cdscope.core.probes import draw_probe, load_pool
 
     loaded = load_model(dtype=args.dtype)
     batch = encode_probe(draw_probe(load_pool(), args.seed, args.n), loaded.tokenizer)

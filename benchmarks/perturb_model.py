@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from cdscope.models import load_model
+    from cdscope.core.models import load_model
 
     loaded = load_model(args.model, device="cpu", dtype="float32")
     generator = torch.Generator().manual_seed(args.seed)

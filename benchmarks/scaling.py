@@ -95,7 +95,7 @@ def build_model(name: str):  # noqa: ANN201
     import torch
 
     if name == "smollm2-135m":
-        from cdscope.models import load_model
+        from cdscope.core.models import load_model
 
         return load_model(attn="sdpa", dtype="float32").model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -113,7 +113,7 @@ def synthetic_batch(rows: int, T: int, vocab: int, seed: int = 0):  # noqa: ANN2
     """``rows`` x ``T`` random ids, FAMILIES families round-robin, last 37 % scored."""
     import torch
 
-    from cdscope.batch import ProbeBatch
+    from cdscope.core.batch import ProbeBatch
 
     generator = torch.Generator().manual_seed(seed)
     families = [f"f{m}" for m in range(min(FAMILIES, rows))]
@@ -163,9 +163,9 @@ def run_worker(spec: dict) -> list[dict]:
     """Build ``spec["model"]`` once, measure each geometry ``[rows, T, ops]`` on it."""
     import torch
 
-    from cdscope.control import control_autograd
-    from cdscope.gates import GatedModel
-    from cdscope.regularizer import regularizer_grad
+    from cdscope.core.control import control_autograd
+    from cdscope.core.gates import GatedModel
+    from cdscope.core.regularizer import regularizer_grad
 
     torch.set_num_threads(spec["threads"])
     geometries = spec.get("geometries") or [[spec["rows"], spec["T"], spec["ops"]]]

@@ -108,11 +108,15 @@ def memory_laws(results: list[dict]) -> dict:
     ctrl_extra = np.array([_extra(r, "control") for r in pts])
     proxy_extra = np.array([_extra(r, "proxy") for r in pts])
     proxy = fit_linear(proxy_extra, weights, ctrl_extra, intercept=False)
-    print(f"proxy extra = {proxy.slopes[0]:.2f} x fp32 weights + {proxy.slopes[1]:.2f} x control's "
-          f"extra (same probe)   ({len(pts)} points, rms {proxy.rms / 1e6:.0f} MB): "
-          + ", ".join(f"{r['model']} {r['tokens']} tokens {e / GB:.2f} GB measured, "
-                      f"{float(proxy.predict(w, c)) / GB:.2f} GB fitted"
-                      for r, e, w, c in zip(pts, proxy_extra, weights, ctrl_extra, strict=True)))
+    print(
+        f"proxy extra = {proxy.slopes[0]:.2f} x fp32 weights + {proxy.slopes[1]:.2f} x control's "
+        f"extra (same probe)   ({len(pts)} points, rms {proxy.rms / 1e6:.0f} MB): "
+        + ", ".join(
+            f"{r['model']} {r['tokens']} tokens {e / GB:.2f} GB measured, "
+            f"{float(proxy.predict(w, c)) / GB:.2f} GB fitted"
+            for r, e, w, c in zip(pts, proxy_extra, weights, ctrl_extra, strict=True)
+        )
+    )
     return {"arch": arch, "proxy_memory": proxy}
 
 
@@ -178,21 +182,39 @@ def plot(results: list[dict], laws: dict, path: Path) -> None:
         axes[3].plot(tokens, extra, "o", color=colours[op], label=f"{op} (measured)")
         if len(pts) >= 2:
             law = fit_linear(extra, tokens)
-            axes[3].plot(tokens, law.predict(tokens), "--", color=colours[op],
-                         label=f"fit: {law.intercept:.2f} + {law.slopes[0] * 1e3:.2f} MB x tokens")
-    axes[0].set(xlabel="parameters", ylabel="CPU seconds (1 thread, median)",
-                title=f"time vs model size ({sized[0]['rows']} x {sized[0]['T']} tokens)")
-    axes[1].set(xlabel="probe tokens (rows x T)", ylabel="CPU seconds (1 thread, median)",
-                title="time vs probe tokens (SmolLM2-135M)")
-    axes[2].set(xlabel="parameters (billions)", ylabel="GB",
-                title=f"peak RSS during the operation ({size_tokens} tokens, fp32)")
-    axes[3].set(xlabel="probe tokens (rows x T)", ylabel="GB above the RSS before the operation",
-                title="memory the operation adds (SmolLM2-135M)")
+            axes[3].plot(
+                tokens,
+                law.predict(tokens),
+                "--",
+                color=colours[op],
+                label=f"fit: {law.intercept:.2f} + {law.slopes[0] * 1e3:.2f} MB x tokens",
+            )
+    axes[0].set(
+        xlabel="parameters",
+        ylabel="CPU seconds (1 thread, median)",
+        title=f"time vs model size ({sized[0]['rows']} x {sized[0]['T']} tokens)",
+    )
+    axes[1].set(
+        xlabel="probe tokens (rows x T)",
+        ylabel="CPU seconds (1 thread, median)",
+        title="time vs probe tokens (SmolLM2-135M)",
+    )
+    axes[2].set(
+        xlabel="parameters (billions)",
+        ylabel="GB",
+        title=f"peak RSS during the operation ({size_tokens} tokens, fp32)",
+    )
+    axes[3].set(
+        xlabel="probe tokens (rows x T)",
+        ylabel="GB above the RSS before the operation",
+        title="memory the operation adds (SmolLM2-135M)",
+    )
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("cdscope cost measured on CPU (1 thread, fp32, sdpa, one padded batch); "
-                 "GPU not measured")
+    fig.suptitle(
+        "cdscope cost measured on CPU (1 thread, fp32, sdpa, one padded batch); GPU not measured"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     )
     from cdscope.commands.audit import AuditResult
     from cdscope.commands.random_ref import RandomReferenceResult
+    from cdscope.core.models.loading import LoadedModel
+    from cdscope.core.probes import ProbePool
     from cdscope.errors import CdscopeError
-    from cdscope.models.loading import LoadedModel
-    from cdscope.probes import ProbePool
 
 _EXPORTS = {
     "acg": "cdscope.api",
@@ -52,8 +52,8 @@ _EXPORTS = {
     "AuditResult": "cdscope.commands.audit",
     "RandomReferenceResult": "cdscope.commands.random_ref",
     "CdscopeError": "cdscope.errors",
-    "LoadedModel": "cdscope.models.loading",
-    "ProbePool": "cdscope.probes",
+    "LoadedModel": "cdscope.core.models.loading",
+    "ProbePool": "cdscope.core.probes",
 }
 
 __all__ = [

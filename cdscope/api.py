@@ -26,16 +26,16 @@ import pandas as pd
 
 from cdscope.commands.audit import AUDITS, AuditResult, check_probe_frame, evaluate_audit
 from cdscope.commands.random_ref import RandomReferenceResult, random_reference_result
+from cdscope.core.probes import REQUIRED_KEYS, ProbePool, pool_from_records
+from cdscope.core.probes import draw_probe as _draw
+from cdscope.core.probes import load_pool as _load_pool_files
 from cdscope.errors import CdscopeError
-from cdscope.frames import ModelOptions, ProbeSettings
 from cdscope.messages import make_console
-from cdscope.probes import REQUIRED_KEYS, ProbePool, pool_from_records
-from cdscope.probes import draw_probe as _draw
-from cdscope.probes import load_pool as _load_pool_files
+from cdscope.output.frames import ModelOptions, ProbeSettings
 from cdscope.resources import EMBEDDED_NAME
 
 if TYPE_CHECKING:
-    from cdscope.models.loading import LoadedModel
+    from cdscope.core.models.loading import LoadedModel
 
 #: what ``probe=`` / ``load_pool`` accept: None (the shipped pools), a pool, JSONL
 #: path(s), a list of dicts, or a DataFrame with columns id, family, prompt, target
@@ -63,8 +63,8 @@ def load_model(
     """
     from torch import nn
 
-    from cdscope.models.loading import LoadedModel
-    from cdscope.models.loading import load_model as _load
+    from cdscope.core.models.loading import LoadedModel
+    from cdscope.core.models.loading import load_model as _load
 
     if isinstance(model, LoadedModel):
         if tokenizer is not None:
@@ -93,8 +93,8 @@ def load_model(
 
 def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> LoadedModel:
     """Wrap a transformers model + tokenizer loaded by the caller, after checking both."""
-    from cdscope.models.adapters import adapter_for
-    from cdscope.models.loading import LoadedModel, resolve_device, resolve_dtype
+    from cdscope.core.models.adapters import adapter_for
+    from cdscope.core.models.loading import LoadedModel, resolve_device, resolve_dtype
 
     if tokenizer is None:
         raise CdscopeError(
@@ -287,7 +287,7 @@ def random_reference(
     """B_shared of ``trials`` i.i.d. Gaussian M x K matrices (SPEC §4): M = ``families``,
     K = ``gates`` or 2 x layers of ``model``; ``value`` (a B_shared fraction) gets its
     percentile. ``.stats`` holds mean, std, p95, p99; ``.frame`` the samples."""
-    from cdscope.models.loading import LoadedModel
+    from cdscope.core.models.loading import LoadedModel
 
     spec = None
     if isinstance(model, LoadedModel):

@@ -13,7 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 
 #: the model every command uses without --model: SmolLM2-135M-Instruct, shipped as a GGUF
-#: (``cdscope.models.loading``); here so the CLI can name it without importing torch
+#: (``cdscope.core.models.loading``); here so the CLI can name it without importing torch
 EMBEDDED_NAME = "smollm2-135m"
 
 

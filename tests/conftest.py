@@ -172,7 +172,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M, loaded once per session (slow tests only)."""
-    from cdscope.models import load_model
+    from cdscope.core.models import load_model
 
     load_model()  # builds the cache on a fresh machine
     return load_model()
@@ -181,10 +181,10 @@ def embedded():
 def gate_gradient(model: torch.nn.Module, batch, embedding: torch.nn.Module):  # noqa: ANN001, ANN201
     """-dLoss_b/dg for [emb, gate 0, ..., gate K-1] per row: GatedModel plus a scalar on the
     output of ``embedding`` (h_0), Loss = mean NLL of the answer tokens (EAP's twin (a))."""
-    from cdscope.control import frozen_parameters
-    from cdscope.gates import GatedModel
-    from cdscope.likelihood import row_target_logprobs
-    from cdscope.models.adapters import architecture_of
+    from cdscope.core.control import frozen_parameters
+    from cdscope.core.gates import GatedModel
+    from cdscope.core.likelihood import row_target_logprobs
+    from cdscope.core.models.adapters import architecture_of
 
     architecture_of(model)  # discovered and proven before the h_0 scalar is hooked in
     g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 import cdscope
 from cdscope import CdscopeError
 from cdscope.cli import app
-from cdscope.frames import FRAME_COLUMNS, SAMPLE_COLUMNS
-from cdscope.probes import draw_probe as core_draw
-from cdscope.probes import load_pool as core_load
+from cdscope.core.probes import draw_probe as core_draw
+from cdscope.core.probes import load_pool as core_load
+from cdscope.output.frames import FRAME_COLUMNS, SAMPLE_COLUMNS
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 saved with a tokenizer to a local directory, run through the command line as a user
 would: ``inspect --json``, ``probe``, ``bshared`` and ``eap-info``.
 
-Each checkpoint is a coverage config (``cdscope.models.coverage.tiny_config``) in float32
+Each checkpoint is a coverage config (``cdscope.core.models.coverage.tiny_config``) in float32
 with every 1-D parameter (norm weights, biases) drawn at random too, so that norms that
 are equal at initialisation (Falcon's ln_attn and ln_mlp) are told apart. Checked:
 
@@ -28,10 +28,10 @@ from conftest import byte_tokenizer, gate_gradient, write_pool
 from test_architectures import NAMED
 from typer.testing import CliRunner
 
-from cdscope.batch import encode_probe
 from cdscope.cli import app
-from cdscope.models import coverage
-from cdscope.probes import draw_probe, load_pool
+from cdscope.core.batch import encode_probe
+from cdscope.core.models import coverage
+from cdscope.core.probes import draw_probe, load_pool
 
 TYPES = [*sorted(NAMED), "bamba"]  # eight named types, Jamba and Bamba (hybrids)
 ROLES = {**{t: NAMED[t][:2] for t in NAMED}, "bamba": (("mixer", "mlp"), ("mixer", "mlp"))}
@@ -63,7 +63,7 @@ def pool(tmp_path_factory) -> Path:
 
 def _twin(directory: Path, pool: Path) -> np.ndarray:
     """Mean over the eap-info batch of -dLoss/dg for [emb, gate 0, ...] (conftest twin)."""
-    from cdscope.models import load_model
+    from cdscope.core.models import load_model
 
     loaded = load_model(str(directory))
     items = draw_probe(load_pool([pool]), 0, N, ["math"])

@@ -12,10 +12,10 @@ from conftest import byte_tokenizer, tiny_model
 from typer.testing import CliRunner
 
 from cdscope.cli import app
+from cdscope.core.models import coverage
+from cdscope.core.models.adapters import architecture_of, discover
+from cdscope.core.models.proof import prove
 from cdscope.errors import CdscopeError
-from cdscope.models import coverage
-from cdscope.models.adapters import architecture_of, discover
-from cdscope.models.proof import prove
 
 runner = CliRunner()
 #: the issue's named types: (roles of layer 0, roles of layer 1, parallel, post-norm)

@@ -45,7 +45,7 @@ from conftest import byte_tokenizer, tiny_model, write_pool
 from test_train import config, parity_reward
 
 from cdscope.commands.train import prepare
-from cdscope.generation import Rollouts
+from cdscope.core.generation import Rollouts
 from cdscope.train import loop
 from cdscope.train.step import CDRFTStep
 

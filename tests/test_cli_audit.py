@@ -12,10 +12,10 @@ from conftest import _COMMON, byte_tokenizer, tiny_model, write_pool
 from transformers import LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
-from cdscope import spectral
+from cdscope.analysis import spectral
+from cdscope.analysis.stats import paired_difference
 from cdscope.cli import app
-from cdscope.frames import control_matrices
-from cdscope.stats import paired_difference
+from cdscope.output.frames import control_matrices
 
 runner = CliRunner()
 

@@ -14,7 +14,7 @@ from conftest import byte_tokenizer, tiny_model
 from typer.testing import CliRunner
 
 from cdscope.cli import app
-from cdscope.eap import edge_count
+from cdscope.core.eap import edge_count
 
 runner = CliRunner()
 

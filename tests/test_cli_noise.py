@@ -11,9 +11,9 @@ import pytest
 from conftest import write_pool
 from test_cli_audit import invoke, two_models  # noqa: F401 - the shared two-model fixture
 
-from cdscope.frames import SAMPLE_COLUMNS, sample_sets
-from cdscope.stats import seeds_needed
-from cdscope.uncertainty import corrected_measures
+from cdscope.analysis.stats import seeds_needed
+from cdscope.analysis.uncertainty import corrected_measures
+from cdscope.output.frames import SAMPLE_COLUMNS, sample_sets
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from conftest import byte_tokenizer, tiny_model, write_pool
 from typer.testing import CliRunner
 
 from cdscope.cli import app
-from cdscope.probes import draw_probe, drawn_ids, load_pool
+from cdscope.core.probes import draw_probe, drawn_ids, load_pool
 
 runner = CliRunner()
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cdscope.contamination import (
+from cdscope.tasks.contamination import (
     AuditItem,
     ReferenceIndex,
     assert_set,
@@ -129,8 +129,8 @@ def test_code_probes_are_audited_by_their_test_asserts(tmp_path) -> None:
     """A probe's ``tests`` (an extra key of the pool line) feed the assert comparison."""
     import json
 
-    from cdscope.contamination import items_from_pool
-    from cdscope.probes import load_pool
+    from cdscope.core.probes import load_pool
+    from cdscope.tasks.contamination import items_from_pool
 
     tests = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"
     line = {

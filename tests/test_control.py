@@ -7,11 +7,11 @@ import pytest
 import torch
 from conftest import tiny_model, write_pool
 
-from cdscope.batch import encode_probe
-from cdscope.control import EPS0, ControlResult, control_autograd, control_finite_difference
-from cdscope.gates import GatedModel
-from cdscope.likelihood import row_target_logprobs
-from cdscope.probes import draw_probe, load_pool
+from cdscope.core.batch import encode_probe
+from cdscope.core.control import EPS0, ControlResult, control_autograd, control_finite_difference
+from cdscope.core.gates import GatedModel
+from cdscope.core.likelihood import row_target_logprobs
+from cdscope.core.probes import draw_probe, load_pool
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Coverage of transformers' causal-LM types (issue 12): docs/architectures.md is the
-rendered output of ``cdscope.models.coverage``; these tests fail when it is stale."""
+rendered output of ``cdscope.core.models.coverage``; these tests fail when it is stale."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cdscope.models import coverage
+from cdscope.core.models import coverage
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
 #: a fast, varied subset re-measured on every run (dense, MoE, MLA, hybrids, post-norm,

@@ -1,7 +1,7 @@
 """Edge attribution (SPEC §6): the graph, the one-backward scores against slow twins, the
 statistics (the command end to end is in test_cli_eap.py).
 
-Twins used here, none of which calls ``cdscope.eap``:
+Twins used here, none of which calls ``cdscope.core.eap``:
 - (a) the gate gradient of cdscope's GatedModel (plus a scalar on the embedding output):
   sum over u's outgoing edges of s(u -> v) = -dLoss/dg_u;
 - (b) a brute force that adds t * a_u to the input of ONE consumer path only (through
@@ -20,11 +20,11 @@ import torch
 from conftest import byte_tokenizer, gate_gradient, tiny_model, write_pool
 from scipy import stats as sps
 
-from cdscope.batch import encode_probe
-from cdscope.eap import EdgeGraph, EdgeHooks, edge_count, edge_scores, edge_statistics
+from cdscope.core.batch import encode_probe
+from cdscope.core.eap import EdgeGraph, EdgeHooks, edge_count, edge_scores, edge_statistics
+from cdscope.core.models import coverage
+from cdscope.core.probes import draw_probe, load_pool
 from cdscope.errors import CdscopeError
-from cdscope.models import coverage
-from cdscope.probes import draw_probe, load_pool
 
 ARCHS = ["llama", "gpt2", "qwen2"]  # every check
 ALL_ARCHS = [*ARCHS, "qwen3", "mistral"]  # the consistency check (a) on every supported one
@@ -351,7 +351,7 @@ def test_edge_statistics_match_their_definitions() -> None:
 # -- the stand-in verifier -----------------------------------------------------------
 def test_answer_extraction_and_verification() -> None:
     from cdscope.commands.eap_info import extract_answer, verifiable, verify
-    from cdscope.probes import ProbeItem
+    from cdscope.core.probes import ProbeItem
 
     math = ProbeItem("m/1", "math", "q", "t", extra={"answer": "-7", "verifier": "math"})
     logic = ProbeItem(

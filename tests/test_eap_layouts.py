@@ -1,6 +1,6 @@
 """Fused q/k/v layouts and latent attention in edge attribution (SPEC §6, issue 12).
 
-Twins that do not call ``cdscope.eap_layout`` / ``cdscope.eap``:
+Twins that do not call ``cdscope.core.eap_layout`` / ``cdscope.core.eap``:
 - the column sets come from the model code itself: its own split of a fused output whose
   values are the column indices (Falcon's and Persimmon's ``_split_heads``, GPT-NeoX's
   ``view(..., -1, 3 * head_size).chunk(3)``);
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from cdscope.eap import edge_scores
-from cdscope.eap_graph import eap_plan
-from cdscope.eap_layout import candidate_layouts, confirms, fused_columns
+from cdscope.core.eap import edge_scores
+from cdscope.core.eap_graph import eap_plan
+from cdscope.core.eap_layout import candidate_layouts, confirms, fused_columns
+from cdscope.core.models import coverage
 from cdscope.errors import CdscopeError
-from cdscope.models import coverage
 
 #: Falcon's three layouts: per key/value group (new decoder architecture), [q | k | v]
 #: with one key/value head (multi-query), per head [q_h | k_h | v_h] (neither)
@@ -93,7 +93,7 @@ def test_wrong_layouts_fail_the_check() -> None:
 
 
 def _base(model, fused, attention):  # noqa: ANN001, ANN202
-    from cdscope.eap_layout import _output_with_zeroed
+    from cdscope.core.eap_layout import _output_with_zeroed
 
     return _output_with_zeroed(model, fused, attention, torch.arange(0), 0)
 
@@ -191,7 +191,7 @@ def test_single_paths_match_brute_force(name: str) -> None:
 def test_falcon_attention_reads_its_own_norm_even_when_both_norms_are_equal() -> None:
     """Freshly initialised ln_attn and ln_mlp give equal outputs; the attention reads
     ln_attn's output tensor itself (its storage), so that is its pre-norm, not ln_mlp."""
-    from cdscope.models.adapters import architecture_of
+    from cdscope.core.models.adapters import architecture_of
 
     model = _model("falcon-new")
     block = model.transformer.h[0]

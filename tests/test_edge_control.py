@@ -1,7 +1,7 @@
-"""Edge-level control (cdscope.edge_control) against two slow twins that do not call it:
+"""Edge-level control (cdscope.core.edge_control) against two slow twins that do not call it:
 
 - (a) node gates: for every upstream node u, the sum over u's outgoing edges of
-  dl/dg_e equals dl/dg_u of cdscope.control's gate on u's write (family level, same
+  dl/dg_e equals dl/dg_u of cdscope.core.control's gate on u's write (family level, same
   batch), and per row d log pi_b / d g for emb + every write (conftest.gate_gradient);
 - (b) real edge gates: hooks written here from the Hugging Face Llama code multiply
   a_u by g inside ONE consumer path's input (x_{v,p} = x_v + (g - 1) a_u) for a handful
@@ -15,17 +15,17 @@ import pytest
 import torch
 from conftest import byte_tokenizer, gate_gradient, tiny_model, write_pool
 
-from cdscope.batch import encode_probe
+from cdscope.analysis.spectral import b_shared, cumulative_mass
 from cdscope.commands.edge_control import edges_for_mass
-from cdscope.control import control_autograd
-from cdscope.eap_graph import EdgeGraph, edge_count, edge_graph
-from cdscope.edge_control import GRANULARITY, EdgeGateSet, control_edges
+from cdscope.core.batch import encode_probe
+from cdscope.core.control import control_autograd
+from cdscope.core.eap_graph import EdgeGraph, edge_count, edge_graph
+from cdscope.core.edge_control import GRANULARITY, EdgeGateSet, control_edges
+from cdscope.core.gates import GatedModel
+from cdscope.core.likelihood import row_target_logprobs
+from cdscope.core.probes import draw_probe, load_pool
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
 from cdscope.hooks import HookSet, first_tensor
-from cdscope.likelihood import row_target_logprobs
-from cdscope.probes import draw_probe, load_pool
-from cdscope.spectral import b_shared, cumulative_mass
 
 ARCHS = ["llama", "gpt2", "qwen2"]
 #: Llama-family RMSNorm computes in fp32 even in float64 models (see test_eap.py).
@@ -79,7 +79,7 @@ def test_one_gate_per_edge_with_its_endpoints(arch, models, results, batch) -> N
 
 
 def test_F_is_the_upstream_node_usage(models, results, batch) -> None:
-    """F of the edges out of a write node = F of cdscope.control's gate on that write."""
+    """F of the edges out of a write node = F of cdscope.core.control's gate on that write."""
     result, graph = results["llama"], _graph(models["llama"])
     with GatedModel(models["llama"]) as gm:
         node = control_autograd(gm, batch)
@@ -218,9 +218,9 @@ def test_cumulative_mass_and_edge_counts_against_a_loop() -> None:
 def test_edge_probe_writes_parquet_and_figure(tmp_path) -> None:
     import cdscope
     from cdscope.commands.edge_control import concentration, edge_probe
-    from cdscope.edge_control import EDGE_COLUMNS
-    from cdscope.frames import ProbeSettings
+    from cdscope.core.edge_control import EDGE_COLUMNS
     from cdscope.io import read_parquet
+    from cdscope.output.frames import ProbeSettings
 
     pool = load_pool([write_pool(tmp_path / "p.jsonl", {"a": 4, "b": 4, "c": 4})])
     loaded = cdscope.load_model(tiny_model("llama"), byte_tokenizer(), name="tiny")

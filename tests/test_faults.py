@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from cdscope import io as cio
 from cdscope.cli import app
 from cdscope.errors import CdscopeError
-from cdscope.frames import FRAME_COLUMNS
+from cdscope.output.frames import FRAME_COLUMNS
 
 runner = CliRunner()
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -195,8 +195,8 @@ def test_resume_refuses_a_file_without_model_identity(tiny_model_dir, pool_file,
 
 def test_seed_metadata_is_compact(tiny_model_dir, pool_file, tmp_path) -> None:
     from cdscope.commands.probe import collect_control
-    from cdscope.frames import ProbeSettings, describe_seeds
-    from cdscope.probes import load_pool
+    from cdscope.core.probes import load_pool
+    from cdscope.output.frames import ProbeSettings, describe_seeds
 
     assert describe_seeds(range(1_000_000)) == "0..999999"
     assert describe_seeds([3, 1]).startswith("2 seeds, sha256:")

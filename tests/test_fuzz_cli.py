@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from cdscope import io as cio
 from cdscope.cli import app
-from cdscope.frames import FRAME_COLUMNS
+from cdscope.output.frames import FRAME_COLUMNS
 
 runner = CliRunner()
 FUZZ = settings(

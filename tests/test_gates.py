@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import ARCHS, VOCAB, tiny_model
 
+from cdscope.core.gates import GatedModel
+from cdscope.core.models.adapters import architecture_of
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
-from cdscope.models.adapters import architecture_of
 
 
 def _ids(B: int = 3, T: int = 10, seed: int = 1) -> torch.Tensor:  # noqa: N803

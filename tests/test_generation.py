@@ -1,4 +1,4 @@
-"""Batched sampling (cdscope.generation) against plain ``model.generate`` and one-prompt runs."""
+"""Batched sampling (cdscope.core.generation) against plain ``model.generate`` and one-prompt runs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import byte_tokenizer, tiny_model
 
+from cdscope.core.generation import completion_mask, eos_token_ids, sample
 from cdscope.errors import CdscopeError
-from cdscope.generation import completion_mask, eos_token_ids, sample
 
 PROMPTS = ["Q: 2+3=?\nSolution:\n", "hi", "def f(x):\n    return", "a longer prompt, padded less"]
 
@@ -185,7 +185,7 @@ def test_bad_arguments_are_refused(model, tokenizer, kwargs: dict, message: str)
 
 @pytest.mark.slow
 def test_embedded_model_greedy_matches_generate_and_single_prompts() -> None:
-    from cdscope.models import load_model
+    from cdscope.core.models import load_model
 
     loaded = load_model()
     model, tok = loaded.model, loaded.tokenizer

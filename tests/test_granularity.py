@@ -16,11 +16,11 @@ from conftest import tiny_model, write_pool
 from typer.testing import CliRunner
 
 from cdscope.cli import app
-from cdscope.control import control_autograd, control_finite_difference
+from cdscope.core.control import control_autograd, control_finite_difference
+from cdscope.core.gates import GatedModel
+from cdscope.core.models import coverage
+from cdscope.core.models.discovery import run_probe
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
-from cdscope.models import coverage
-from cdscope.models.discovery import run_probe
 
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
 #: bias-free projections with other layouts: DeepSeek-V3 (dense layer 0, shared experts
@@ -223,8 +223,8 @@ def test_cli_refuses_expert_granularity_on_a_dense_model(tiny_model_dir, tmp_pat
 
 def test_large_K_measures_never_form_K_by_K() -> None:
     """300,000 gates: a K x K float64 matrix would need 720 GB."""
+    from cdscope.analysis.uncertainty import direction_stability
     from cdscope.commands.audit import decompose_measures
-    from cdscope.uncertainty import direction_stability
 
     rng = np.random.default_rng(0)
     mats = {s: rng.standard_normal((3, 300_000)) for s in range(3)}
@@ -236,7 +236,7 @@ def test_large_K_measures_never_form_K_by_K() -> None:
 
 def test_gate_space_direction_matches_the_K_by_K_twin() -> None:
     """The gate-space angle via M x M Grams equals the one from the K x K matrices."""
-    from cdscope.uncertainty import direction_stability
+    from cdscope.analysis.uncertainty import direction_stability
 
     rng = np.random.default_rng(1)
     mats = {s: rng.standard_normal((3, 40)) + np.linspace(0, 3, 40) for s in range(4)}
@@ -252,8 +252,8 @@ def test_gate_space_direction_matches_the_K_by_K_twin() -> None:
 
 @pytest.mark.slow
 def test_embedded_model_heads_and_neurons_sum_to_sublayers(embedded, tokenizer) -> None:  # noqa: ANN001
-    from cdscope.batch import encode_probe
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.probes import draw_probe, load_pool
 
     items = draw_probe(load_pool(), 0, 1)
     batch = encode_probe(items, embedded.tokenizer, "plain", pad_id=0)
@@ -271,7 +271,7 @@ def test_embedded_model_heads_and_neurons_sum_to_sublayers(embedded, tokenizer) 
 def test_bartlett_random_reference_has_the_direct_draws_distribution() -> None:
     """Large-K random reference (G drawn from its Wishart law) against direct X X^T draws
     at the same K: means and spreads agree within their sampling error."""
-    from cdscope import spectral
+    from cdscope.analysis import spectral
 
     K = spectral.BARTLETT_K
     fast = spectral.random_reference(4, K, trials=4000, seed=1)

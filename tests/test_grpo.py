@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import byte_tokenizer, tiny_model
 
-from cdscope.generation import sample
+from cdscope.core.generation import sample
 from cdscope.train.grpo import (
     backbone_backward,
     completion_logprobs,

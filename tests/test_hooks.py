@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_model
 from torch import nn
 
-from cdscope.eap import EdgeHooks
+from cdscope.core.eap import EdgeHooks
 from cdscope.hooks import HookSet, first_tensor, replace_first, replace_input
 
 

@@ -16,9 +16,9 @@ from conftest import byte_tokenizer, tiny_model
 from typer.testing import CliRunner
 
 from cdscope.cli import app
+from cdscope.core.models import loading
+from cdscope.core.models.loading import load_model, resolve_device, resolve_dtype
 from cdscope.errors import CdscopeError
-from cdscope.models import loading
-from cdscope.models.loading import load_model, resolve_device, resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def test_offline_mode_and_cache_are_honoured(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     env |= {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
     code = (
-        "from cdscope.models.loading import load_model\n"
+        "from cdscope.core.models.loading import load_model\n"
         "try:\n    load_model('nobody-xyz/no-model', 'cpu')\n"
         "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
     )

@@ -1,4 +1,4 @@
-"""Noise-corrected Gram (cdscope.noise) and per-sample uncertainty (cdscope.uncertainty).
+"""Noise-corrected Gram (cdscope.analysis.noise) and per-sample uncertainty (cdscope.analysis.uncertainty).
 
 Every fast estimator here has a slow, obviously-correct twin: the unbiased Gram against
 an explicit double loop over sample pairs, the Gram measures against spectral.py, the
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cdscope import spectral
-from cdscope.noise import gram_measures, psd_part, unbiased_gram
-from cdscope.uncertainty import (
+from cdscope.analysis import spectral
+from cdscope.analysis.noise import gram_measures, psd_part, unbiased_gram
+from cdscope.analysis.uncertainty import (
     FamilySamples,
     bootstrap_intervals,
     contributions,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdscope.analysis.passk import check_ks, pass_at_k, summarize
 from cdscope.errors import CdscopeError
-from cdscope.passk import check_ks, pass_at_k, summarize
 
 
 def brute_force(n: int, c: int, k: int) -> float:

@@ -19,12 +19,12 @@ from conftest import tiny_model
 from typer.testing import CliRunner
 
 from cdscope.cli import app
-from cdscope.control import control_autograd
+from cdscope.core.control import control_autograd
+from cdscope.core.gates import GatedModel
+from cdscope.core.models import load_model
+from cdscope.core.models.placement import Placement, execution_device, parse_max_memory
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
 from cdscope.io import read_parquet
-from cdscope.models import load_model
-from cdscope.models.placement import Placement, execution_device, parse_max_memory
 
 CAP = "cpu=120000"  # bytes: the tiny Llama is 188 kB in fp32; about half of it goes to disk
 
@@ -127,8 +127,8 @@ def test_whole_model_on_disk_and_a_map_file(tiny_model_dir, pool_file, tmp_path)
         "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "disk"
     }))  # fmt: skip
     placements["file"] = Placement.from_options(str(device_map), None, tmp_path / "o3")
-    from cdscope.batch import encode_probe
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.probes import draw_probe, load_pool
 
     pool = load_pool([pool_file])
     batch = encode_probe(draw_probe(pool, 0, 3), reference.tokenizer, "plain", pad_id=258)
@@ -147,8 +147,8 @@ def test_in_memory_models_are_dispatched_the_same_way(pool_file, tmp_path) -> No
     """The GGUF route places an already-loaded model with ``Placement.dispatch``."""
     from conftest import byte_tokenizer
 
-    from cdscope.batch import encode_probe
-    from cdscope.probes import draw_probe, load_pool
+    from cdscope.core.batch import encode_probe
+    from cdscope.core.probes import draw_probe, load_pool
 
     pool = load_pool([pool_file])
     batch = encode_probe(draw_probe(pool, 1, 3), byte_tokenizer(), "plain", pad_id=258)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import write_pool
 
-from cdscope.batch import encode_probe
+from cdscope.core.batch import encode_probe
+from cdscope.core.probes import default_pool_paths, draw_probe, load_pool
 from cdscope.errors import CdscopeError
-from cdscope.probes import default_pool_paths, draw_probe, load_pool
 
 
 def test_draw_is_deterministic_and_without_replacement(pool_file) -> None:

@@ -9,20 +9,20 @@ import pytest
 import torch
 from conftest import tiny_model, write_pool
 
-from cdscope.batch import encode_probe
-from cdscope.control import control_autograd
-from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
-from cdscope.likelihood import row_target_logprobs
-from cdscope.probes import draw_probe, load_pool
-from cdscope.regularizer import (
+from cdscope.analysis.spectral import moment_ratio, moment_ratio_torch
+from cdscope.core.batch import encode_probe
+from cdscope.core.control import control_autograd
+from cdscope.core.gates import GatedModel
+from cdscope.core.likelihood import row_target_logprobs
+from cdscope.core.probes import draw_probe, load_pool
+from cdscope.core.regularizer import (
     check_realised_perturbation,
     check_step_resolution,
     exact_grad,
     fidelity,
     proxy_grad,
 )
-from cdscope.spectral import moment_ratio, moment_ratio_torch
+from cdscope.errors import CdscopeError
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_folded_proxy_converges_to_the_exact_gradient(model, probe_batch) -> Non
 def test_folded_normaliser_is_the_exact_coefficient_times_the_mean_gradient(probe_batch) -> None:
     """folded - detached = sum_m -(W_m . C_m) / l_m * sum_o h_o grad l_m(1 + o Ŵ_m), with
     the pieces computed independently (grad l_m at each offset by its own backward)."""
-    from cdscope.spectral import r_sensitivity
+    from cdscope.analysis.spectral import r_sensitivity
 
     model = tiny_model("gpt2", "eager", dtype=torch.float64)
     eps = 0.03
@@ -185,8 +185,8 @@ def test_detached_normaliser_differs_by_exactly_the_normaliser_term(model, probe
         default = proxy_grad(gm, probe_batch, eps=eps)
         detached = proxy_grad(gm, probe_batch, eps=eps, detach_normaliser=True)
         # the pieces, computed independently: D_m from gated forwards, grad l_m from a plain backward
-        from cdscope.likelihood import row_target_logprobs
-        from cdscope.spectral import r_sensitivity
+        from cdscope.analysis.spectral import r_sensitivity
+        from cdscope.core.likelihood import row_target_logprobs
 
         C = control_autograd(gm, probe_batch)  # noqa: N806
         W = torch.from_numpy(r_sensitivity(C.C))  # noqa: N806
@@ -336,8 +336,8 @@ def test_gradcheck_command_on_a_tiny_model(tiny_model_dir, tmp_path) -> None:
 
 @pytest.mark.parametrize("estimator", ["exact", "proxy", "richardson", "folded"])
 def test_a_measurement_handed_over_replaces_the_first_pass(probe_batch, estimator) -> None:
-    from cdscope.control import control_autograd
-    from cdscope.regularizer import regularizer_grad
+    from cdscope.core.control import control_autograd
+    from cdscope.core.regularizer import regularizer_grad
 
     model = tiny_model("llama", "eager", dtype=torch.float64)
     with GatedModel(model) as gm:

@@ -13,9 +13,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from cdscope.batch import encode_probe, encode_scored, prompt_text
+from cdscope.core.batch import encode_probe, encode_scored, prompt_text
+from cdscope.core.probes import ProbeItem, default_pool_paths, load_pool
 from cdscope.errors import CdscopeError
-from cdscope.probes import ProbeItem, default_pool_paths, load_pool
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

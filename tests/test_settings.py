@@ -56,7 +56,7 @@ def test_explicit_options_win_over_the_preset_which_wins_over_the_defaults(
 
 def test_probe_options_default_to_probe_settings() -> None:
     from cdscope.cli import measure
-    from cdscope.frames import ProbeSettings
+    from cdscope.output.frames import ProbeSettings
 
     parameters = inspect.signature(measure.probe.__wrapped__).parameters
     for name in ("n", "template", "estimator", "fd_step", "fd_order"):

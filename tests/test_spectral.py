@@ -1,4 +1,4 @@
-"""Tests for cdscope.spectral against the properties and formulas of SPEC §3 and §4."""
+"""Tests for cdscope.analysis.spectral against the properties and formulas of SPEC §3 and §4."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from cdscope import spectral as sp
+from cdscope.analysis import spectral as sp
 
 SETTINGS = settings(max_examples=60, deadline=None)
 TOL = 1e-9

@@ -1,4 +1,4 @@
-"""Tests for cdscope.stats: the seed-level protocol of SPEC §4 and the bootstrap of §6."""
+"""Tests for cdscope.analysis.stats: the seed-level protocol of SPEC §4 and the bootstrap of §6."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from cdscope import stats as cs
+from cdscope.analysis import stats as cs
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 

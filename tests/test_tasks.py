@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
-from cdscope.probes import load_pool
 from cdscope.tasks import (
     VERIFIERS,
     Task,

@@ -13,17 +13,17 @@ import torch
 from conftest import byte_tokenizer, tiny_model, write_pool
 from typer.testing import CliRunner
 
+from cdscope.analysis.spectral import b_shared
 from cdscope.cli import app
 from cdscope.commands.audit import AUDITS, run_audit
 from cdscope.commands.train import run_train
-from cdscope.control import control_autograd
+from cdscope.core.control import control_autograd
+from cdscope.core.gates import GatedModel
+from cdscope.core.probes import load_pool
+from cdscope.core.regularizer import regularizer_grad
 from cdscope.errors import CdscopeError
-from cdscope.frames import ModelOptions, ProbeSettings
-from cdscope.gates import GatedModel
 from cdscope.io import read_parquet
-from cdscope.probes import load_pool
-from cdscope.regularizer import regularizer_grad
-from cdscope.spectral import b_shared
+from cdscope.output.frames import ModelOptions, ProbeSettings
 from cdscope.train import checkpoint as ckpt
 from cdscope.train import loop
 from cdscope.train.cdrft import add_regularizer_grad, build_probe, measure, project

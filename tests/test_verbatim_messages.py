@@ -34,7 +34,7 @@ def wide_terminal(monkeypatch) -> None:
 @pytest.fixture(autouse=True)
 def no_embedded_model(monkeypatch) -> None:
     """These paths must fail before any model loads: the 135M model would be a bug here."""
-    import cdscope.models.loading as loading
+    import cdscope.core.models.loading as loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("the embedded model was loaded")
@@ -316,7 +316,7 @@ def test_no_rich_widget_is_built_outside_the_rendering_point() -> None:
 def test_figure_model_names_escape_mathtext() -> None:
     from matplotlib.text import Text as FigureText
 
-    from cdscope.plots import short_label
+    from cdscope.output.plots import short_label
 
     shown = FigureText(text=short_label("run$x$1"))
     assert shown._preprocess_math(shown.get_text()) == ("run$x$1", False)  # not math, as typed

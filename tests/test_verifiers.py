@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
-from cdscope.probes import load_pool
 from cdscope.tasks import Task, task_from_probe_item, verify, verify_many
 from cdscope.tasks.answers import find_final_answer, parse_number
 from cdscope.tasks.code import build_program, extract_code

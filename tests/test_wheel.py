@@ -95,7 +95,7 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_installed_wheel_finds_its_data_outside_the_repository(venv: Path, tmp_path: Path) -> None:
     code = (
-        "import json, cdscope, cdscope.probes as p, cdscope.tasks as t;"
+        "import json, cdscope, cdscope.core.probes as p, cdscope.tasks as t;"
         "pool = p.load_pool();"
         "print(json.dumps({'file': cdscope.__file__,"
         " 'items': {f: len(v) for f, v in pool.by_family.items()},"

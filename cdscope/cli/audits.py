@@ -74,15 +74,15 @@ def _run_audit_command(
     from_path: Path | None,
     resume: bool | str,
     batch_size: int | None,
-    options,  # noqa: ANN001 - cdscope.frames.ModelOptions
+    options,  # noqa: ANN001 - cdscope.output.frames.ModelOptions
     bootstrap: int = 1000,
     detect: float = 5.0,
     granularity: str | None = None,
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
-    from cdscope.frames import ProbeSettings
     from cdscope.io import check_plot_path, check_writable
+    from cdscope.output.frames import ProbeSettings
 
     spec = AUDITS[command]
     target = check_writable(out)
@@ -142,7 +142,7 @@ def _run_audit_command(
 def _report(
     command: str, spec, result, outputs: dict, as_json: bool, extra: dict | None = None
 ) -> None:  # noqa: ANN001
-    from cdscope.render import audit_table, convergence_table, per_seed_table
+    from cdscope.output.render import audit_table, convergence_table, per_seed_table
 
     if as_json:
         tables = {
@@ -372,7 +372,7 @@ def random_ref(
     """
     from cdscope.commands.random_ref import draw_random_reference, random_reference_result
     from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
-    from cdscope.render import random_ref_table
+    from cdscope.output.render import random_ref_table
 
     if gates is not None and model is not None:  # -K would be silently ignored
         raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")

@@ -244,13 +244,13 @@ def model_options(
     offload_dir: Path | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
-):  # noqa: ANN201 - cdscope.frames.ModelOptions (imported lazily)
+):  # noqa: ANN201 - cdscope.output.frames.ModelOptions (imported lazily)
     """``ModelOptions`` with the placement options parsed and checked before any load."""
-    from cdscope.frames import ModelOptions
+    from cdscope.output.frames import ModelOptions
 
     placement = None
     if device_map is not None or max_memory is not None or offload_dir is not None:
-        from cdscope.models.placement import Placement
+        from cdscope.core.models.placement import Placement
 
         placement = Placement.from_options(device_map, max_memory, offload_dir)
     return ModelOptions(

@@ -107,9 +107,9 @@ def eap_info(
     --baseline, paired differences model - baseline.
     """
     from cdscope.commands.eap_info import run_eap_info, write_eap_outputs
+    from cdscope.core.probes import load_pool
     from cdscope.io import check_plot_path, check_writable
-    from cdscope.probes import load_pool
-    from cdscope.render import eap_summary_table
+    from cdscope.output.render import eap_summary_table
 
     settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)
     options = model_options(
@@ -120,7 +120,7 @@ def eap_info(
         check_plot_path(plot)
     result = run_eap_info(model, baseline, load_pool(probe), settings, options, err_console)
     if plot is not None:  # first: a failing figure leaves no Parquet behind
-        from cdscope.plots import plot_eap
+        from cdscope.output.plots import plot_eap
 
         plot_eap(plot, result.graph, result.edges, result.per_sample, result.summary)
     outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})

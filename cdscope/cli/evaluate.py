@@ -277,7 +277,7 @@ def eval_command(
     )
     run_models = bool(model) or not audit
     if run_models:
-        from cdscope.passk import check_ks
+        from cdscope.analysis.passk import check_ks
 
         check_ks(settings.ks, n)
         check_backend(backend)
@@ -289,7 +289,7 @@ def eval_command(
     outputs: dict[str, str] = {}
     if audit:
         from cdscope.commands.evaluate import contamination_audit
-        from cdscope.render import contamination_table
+        from cdscope.output.render import contamination_table
 
         frame, target = contamination_audit(loaded_tasks, task_paths, audit_train, audit_probe, out)
         tables["contamination"], outputs["contamination"] = frame, str(target)
@@ -318,7 +318,7 @@ def eval_command(
         out_console.print(passk_table(result.passk, list(dict.fromkeys(models_or_embedded(model)))))
         out_console.print(stats_table(result.stats))
     if plot is not None:
-        from cdscope.plots import plot_passk
+        from cdscope.output.plots import plot_passk
 
         plot_passk(plot, result.passk, list(dict.fromkeys(models_or_embedded(model))))
         wrote(err_console, str(plot))

@@ -37,8 +37,8 @@ from cdscope.cli.common import (
 )
 from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
-from cdscope.frames import ProbeSettings  # light (no torch): the probe defaults live there
 from cdscope.messages import wrote
+from cdscope.output.frames import ProbeSettings  # light (no torch): the probe defaults live there
 from cdscope.resources import EMBEDDED_NAME
 from cdscope.settings import GradcheckSettings
 
@@ -93,9 +93,9 @@ def probe(
     dropped; run metadata is in the Parquet key-value metadata.
     """
     from cdscope.commands.probe import collect_control
+    from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
-    from cdscope.probes import load_pool
-    from cdscope.render import seed_summary_table
+    from cdscope.output.render import seed_summary_table
 
     settings = ProbeSettings(
         tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order,
@@ -124,8 +124,8 @@ def probe(
 
 def _seed_records(frame) -> list[dict]:  # noqa: ANN001
     """``probe --json``: per (model, seed) the table's numbers (fractions), l_m per family."""
-    from cdscope.frames import control_matrices
-    from cdscope.spectral import b_shared
+    from cdscope.analysis.spectral import b_shared
+    from cdscope.output.frames import control_matrices
 
     C, F = control_matrices(frame, "C"), control_matrices(frame, "F")  # noqa: N806
     records = []
@@ -204,9 +204,9 @@ def gradcheck(
     relative L2 error against the exact gradient, with wall time of each.
     """
     from cdscope.commands.gradcheck import run_gradcheck
+    from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
-    from cdscope.probes import load_pool
-    from cdscope.render import gradcheck_table
+    from cdscope.output.render import gradcheck_table
 
     eps_values = _eps_list(eps)
     options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)

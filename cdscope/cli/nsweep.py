@@ -63,9 +63,9 @@ def nsweep(
 
     from cdscope.commands.audit import sibling
     from cdscope.commands.nsweep import parse_ns, run_nsweep
-    from cdscope.frames import ModelOptions, ProbeSettings
     from cdscope.io import check_plot_path, check_writable
-    from cdscope.render import nsweep_table
+    from cdscope.output.frames import ModelOptions, ProbeSettings
+    from cdscope.output.render import nsweep_table
 
     sizes = parse_ns(ns)
     target = check_writable(out)
@@ -82,7 +82,7 @@ def nsweep(
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
     if plot is not None:
-        from cdscope.plots_noise import plot_nsweep
+        from cdscope.output.plots_noise import plot_nsweep
 
         M = len(result.metadata["probe"].get("families") or [])  # noqa: N806
         plot_nsweep(plot, result.per_seed, result.summary, M or 2)

@@ -29,25 +29,25 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from cdscope import spectral
+from cdscope.analysis import spectral
+from cdscope.analysis.stats import mean_se, paired_difference, seeds_needed
+from cdscope.analysis.uncertainty import (
+    MeasureFn,
+    bootstrap_intervals,
+    corrected_measures,
+    direction_stability,
+)
+from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
-from cdscope.frames import (
+from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.messages import warn
+from cdscope.output.frames import (
     FRAME_COLUMNS,
     UNIT_COLUMN,
     ModelOptions,
     ProbeSettings,
     control_matrices,
     sample_sets,
-)
-from cdscope.io import read_parquet, run_metadata, write_parquet
-from cdscope.messages import warn
-from cdscope.probes import load_pool
-from cdscope.stats import mean_se, paired_difference, seeds_needed
-from cdscope.uncertainty import (
-    MeasureFn,
-    bootstrap_intervals,
-    corrected_measures,
-    direction_stability,
 )
 
 
@@ -475,11 +475,11 @@ def draw_audit(path: Path, result: AuditResult) -> None:
     """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``);
     when the gates are finer than whole writes, also the unit figure
     (``plots_units.plot_units``: |C| mass curves, layer x head heatmaps) beside it."""
-    from cdscope.plots import plot_audit, plot_decompose
+    from cdscope.output.plots import plot_audit, plot_decompose
 
     frame = result.probe_frame
     if UNIT_COLUMN in frame.columns and frame[UNIT_COLUMN].notna().any():
-        from cdscope.plots_units import plot_units
+        from cdscope.output.plots_units import plot_units
 
         plot_units(units_plot_path(path), frame)
     if result.command == "decompose":

@@ -13,7 +13,7 @@ SPEC §4):
 2. **Filter.** Sequences (prompt + answer) longer than ``max_tokens`` are skipped and
    counted. With a baseline only the samples both models answer correctly are kept;
    each model is scored on its own answer. No sample left -> CdscopeError (exit 2).
-3. **Score.** Edge scores with Loss = mean NLL of the answer tokens (``cdscope.eap``),
+3. **Score.** Edge scores with Loss = mean NLL of the answer tokens (``cdscope.core.eap``),
    then per sample: intensity = mean |s_e|, information complexity = H(|s|/sum|s|) /
    log E, kurtosis = Pearson kurtosis of |s_e|.
 4. **Summarise.** Mean over samples with a percentile-bootstrap interval (B = 2000,
@@ -33,10 +33,10 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from cdscope.batch import encode_probe, prompt_ids, rows_per_forward
+from cdscope.analysis.stats import bootstrap_ci, paired_bootstrap_ci
 from cdscope.commands.workflow import model_record
-from cdscope.distributed import single_process_only
-from cdscope.eap import (
+from cdscope.core.batch import encode_probe, prompt_ids, rows_per_forward
+from cdscope.core.eap import (
     STATISTICS,
     EdgeGraph,
     EdgeScores,
@@ -44,17 +44,17 @@ from cdscope.eap import (
     edge_scores,
     edge_statistics,
 )
+from cdscope.core.gates import GatedModel
+from cdscope.core.generation import finite_logits
+from cdscope.core.models import LoadedModel
+from cdscope.core.models.adapters import architecture_of, position_limit
+from cdscope.core.probes import ProbeItem, ProbePool, draw_probe
+from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
-from cdscope.frames import ModelOptions
-from cdscope.gates import GatedModel
-from cdscope.generation import finite_logits
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.models import LoadedModel
-from cdscope.models.adapters import architecture_of, position_limit
-from cdscope.probes import ProbeItem, ProbePool, draw_probe
+from cdscope.output.frames import ModelOptions
 from cdscope.settings import EapSettings
-from cdscope.stats import bootstrap_ci, paired_bootstrap_ci
 from cdscope.tasks.answers import find_final_answer
 from cdscope.tasks.format import is_code_kind, probe_verifier_kind, task_from_probe_item
 from cdscope.tasks.verifiers import VERIFIERS
@@ -267,7 +267,7 @@ class EapResult:
     summary: pd.DataFrame
     paired: pd.DataFrame
     metadata: dict
-    graph: object  # cdscope.eap.EdgeGraph
+    graph: object  # cdscope.core.eap.EdgeGraph
 
 
 def edges_path(out: Path) -> Path:

@@ -1,7 +1,7 @@
 """Edge-level control as a workflow: probe frame, concentration table, figure (issue 15).
 
 For every model and probe seed: draw n items per family (SPEC §4), encode them, run
-``cdscope.edge_control.control_edges`` (C over the E = 4L^2 + 3L + 1 edges of SPEC §6)
+``cdscope.core.edge_control.control_edges`` (C over the E = 4L^2 + 3L + 1 edges of SPEC §6)
 and append one row per (model, seed, family, edge) to the ordinary probe frame, plus
 the edge's ``upstream``, ``downstream`` and ``path`` — ``probe --granularity edge``, whose
 workflow (``collect_control``: resume, atomic rewrite after each seed) this calls. The concentration of each control vector C[m, :] is summarised by
@@ -9,7 +9,7 @@ workflow (``collect_control``: resume, atomic rewrite after each seed) this call
     PR(C[m,:]) = (sum_e |C[m,e]|)^2 / sum_e C[m,e]^2              (SPEC §3, 1 .. E)
     edges_q    = smallest number of edges whose |C| carry a fraction q of sum_e |C[m,e]|
 
-and drawn by ``cdscope.plots_edges.plot_edge_concentration``. Python use::
+and drawn by ``cdscope.output.plots_edges.plot_edge_concentration``. Python use::
 
     from cdscope.commands.edge_control import edge_probe
     frame, metadata = edge_probe(["embedded"], pool, ProbeSettings(seeds=(0, 1)),
@@ -26,12 +26,12 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
+from cdscope.analysis.spectral import cumulative_mass, participation_ratio
 from cdscope.commands.probe import collect_control
-from cdscope.frames import ModelOptions, ProbeSettings, control_matrices
-from cdscope.models import LoadedModel
-from cdscope.plots_edges import plot_edge_concentration
-from cdscope.probes import ProbePool
-from cdscope.spectral import cumulative_mass, participation_ratio
+from cdscope.core.models import LoadedModel
+from cdscope.core.probes import ProbePool
+from cdscope.output.frames import ModelOptions, ProbeSettings, control_matrices
+from cdscope.output.plots_edges import plot_edge_concentration
 
 MASS_LEVELS = (0.5, 0.9)
 

@@ -1,7 +1,7 @@
 """``cdscope eval``: sample, verify and score pass@k for one or more models (SPEC §7).
 
 For each model and each selected problem (the first ``limit`` tasks of every benchmark,
-in file order): draw ``n`` completions with ``cdscope.generation.sample`` under a seed
+in file order): draw ``n`` completions with ``cdscope.core.generation.sample`` under a seed
 derived from (run seed, problem id) alone, score them with ``cdscope.tasks.verify_many``
 (code only inside the sandbox), and append one row per sample. Because a problem's
 samples depend only on its own seed, ``--resume`` skips the problems already in the
@@ -9,7 +9,7 @@ per-sample file and the rerun gives exactly the samples an uninterrupted run wou
 Empty completions are failures ("empty completion") without running a verifier.
 
 Outputs in ``out_dir``: ``samples.parquet`` (rewritten atomically every few seconds and
-at the end) and ``passk.parquet`` (``cdscope.passk.summarize``), both with run metadata.
+at the end) and ``passk.parquet`` (``cdscope.analysis.passk.summarize``), both with run metadata.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
+from cdscope.analysis.passk import check_ks, summarize
 from cdscope.commands.workflow import model_record
-from cdscope.contamination import audit, benchmark_of, items_from_tasks, reference_sets
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
-from cdscope.frames import ModelOptions
 from cdscope.io import check_writable, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.passk import check_ks, summarize
-from cdscope.resume import resume_state
+from cdscope.output.frames import ModelOptions
+from cdscope.output.resume import resume_state
 from cdscope.settings import EvalSettings
+from cdscope.tasks.contamination import audit, benchmark_of, items_from_tasks, reference_sets
 from cdscope.tasks.sandbox import require_sandbox_for
 
 SAMPLE_COLUMNS = [
@@ -108,7 +108,7 @@ def contamination_audit(
     out_dir: Path,
 ) -> tuple[pd.DataFrame, Path]:
     """``eval --audit``: the eval ``tasks`` against the training tasks and probe pools
-    (shipped ones where no paths are given; ``cdscope.contamination``), written to
+    (shipped ones where no paths are given; ``cdscope.tasks.contamination``), written to
     ``out_dir/contamination.parquet``; returns (frame, path)."""
     target = check_writable(out_dir / "contamination.parquet")
     frame = audit(items_from_tasks(tasks), reference_sets(train_paths, probe_paths))
@@ -137,7 +137,7 @@ Generator = Callable[[object, str, int, int], tuple[list[str], list[int]]]
 
 def hf_generator(loaded: object, settings: EvalSettings) -> Generator:
     """(prompt, max_new_tokens, seed) -> n completions and their token counts, via HF."""
-    from cdscope.generation import sample
+    from cdscope.core.generation import sample
 
     def generate(_task: object, prompt: str, max_new: int, seed: int):  # noqa: ANN202
         r = sample(

@@ -14,23 +14,23 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from cdscope.batch import encode_probe, rows_per_forward
 from cdscope.commands.workflow import model_record
-from cdscope.distributed import single_process_only
-from cdscope.finite import NonFinite
-from cdscope.frames import ModelOptions, describe_seeds
-from cdscope.gates import GatedModel
-from cdscope.io import run_metadata, write_parquet
-from cdscope.messages import make_console, progress_bar
-from cdscope.models.placement import require_resident_weights
-from cdscope.probes import ProbePool, draw_probe, drawn_ids
-from cdscope.regularizer import (
+from cdscope.core.batch import encode_probe, rows_per_forward
+from cdscope.core.gates import GatedModel
+from cdscope.core.models.placement import require_resident_weights
+from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
+from cdscope.core.regularizer import (
     DEFAULT_EPS,
     DEFAULT_ESTIMATOR,
     exact_grad,
     fidelity,
     regularizer_grad,
 )
+from cdscope.distributed import single_process_only
+from cdscope.finite import NonFinite
+from cdscope.io import run_metadata, write_parquet
+from cdscope.messages import make_console, progress_bar
+from cdscope.output.frames import ModelOptions, describe_seeds
 from cdscope.settings import GradcheckSettings
 
 COLUMNS = [

@@ -2,8 +2,8 @@
 
 What a user runs first on a new checkpoint: per layer the residual writes (gate module
 paths, roles, post-norms, parallel reads, residual multipliers), K, the proof at load
-(``cdscope.models.proof``), whether exact second-order gradients need ``--attn eager``,
-whether eap-info supports the model (``cdscope.eap_graph.eap_support``) and, where it
+(``cdscope.core.models.proof``), whether exact second-order gradients need ``--attn eager``,
+whether eap-info supports the model (``cdscope.core.eap_graph.eap_support``) and, where it
 does, the paths through which each write node reads the stream (q/k/v, q/kv or in).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from cdscope.eap_graph import eap_support_and_plan
-from cdscope.models.adapters import Architecture, architecture_of
-from cdscope.models.loading import LoadedModel, load_model
+from cdscope.core.eap_graph import eap_support_and_plan
+from cdscope.core.models.adapters import Architecture, architecture_of
+from cdscope.core.models.loading import LoadedModel, load_model
 
 
 def second_order_note(loaded: LoadedModel, arch: Architecture) -> str:

@@ -32,13 +32,13 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from cdscope import spectral
+from cdscope.analysis import spectral
+from cdscope.analysis.stats import mean_se
+from cdscope.analysis.uncertainty import FamilySamples, contributions, corrected_measures
 from cdscope.commands.audit import obtain_probe_frame, sibling
 from cdscope.errors import CdscopeError
-from cdscope.frames import ModelOptions, ProbeSettings, sample_sets
 from cdscope.io import run_metadata, write_parquet
-from cdscope.stats import mean_se
-from cdscope.uncertainty import FamilySamples, contributions, corrected_measures
+from cdscope.output.frames import ModelOptions, ProbeSettings, sample_sets
 
 NS_DEFAULT = (1, 2, 3, 6, 12, 24)
 MEASURES = ("B_shared_C", "B_shared_C_unbiased", "gram_negative_mass")

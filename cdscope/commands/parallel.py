@@ -41,12 +41,12 @@ from cdscope.commands.workflow import (
     record_drawn,
     result_frame,
 )
+from cdscope.core.probes import ProbePool
 from cdscope.errors import CdscopeError
-from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.io import write_parquet
 from cdscope.messages import dim
-from cdscope.probes import ProbePool
-from cdscope.resume import ResumeState, resume_state
+from cdscope.output.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
+from cdscope.output.resume import ResumeState, resume_state
 
 
 class _RankWorker:
@@ -105,7 +105,7 @@ def _resume_on_main(
     console: Console,
 ) -> ResumeState:
     """Rank 0 reads the finished pairs of ``out`` that this run may reuse
-    (``cdscope.resume.resume_state``); every rank receives them (or the refusal)."""
+    (``cdscope.output.resume.resume_state``); every rank receives them (or the refusal)."""
     state: object = ResumeState()
     if launch.is_main:
         try:

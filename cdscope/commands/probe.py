@@ -24,15 +24,15 @@ from cdscope.commands.workflow import (
     record_drawn,
     result_frame,
 )
-from cdscope.control import ControlResult
+from cdscope.core.control import ControlResult
+from cdscope.core.models import LoadedModel
+from cdscope.core.probes import ProbePool
 from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
-from cdscope.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
 from cdscope.io import write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.models import LoadedModel
-from cdscope.probes import ProbePool
-from cdscope.resume import resume_mode, resume_state
+from cdscope.output.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
+from cdscope.output.resume import resume_mode, resume_state
 
 
 def collect_control(
@@ -53,7 +53,7 @@ def collect_control(
     launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0 writes
     ``out`` (``cdscope.commands.parallel``). ``resume``: False, True / 'keep' (reuse
     finished pairs whose model and settings match, refuse otherwise) or 'recompute'
-    (measure mismatching pairs again); see ``cdscope.resume``.
+    (measure mismatching pairs again); see ``cdscope.output.resume``.
     """
     console = console or make_console()
     resume_mode(resume)  # a wrong mode is refused before anything loads

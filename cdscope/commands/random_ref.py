@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_reference
 from cdscope.errors import CdscopeError
-from cdscope.spectral import BARTLETT_K, RandomReference, random_reference
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
 
@@ -85,7 +85,7 @@ def random_reference_result(
 
 def draw_random_reference(path: object, result: RandomReferenceResult) -> None:
     """The histogram with 1/M, p95, p99 and the measured value (``--plot``)."""
-    from cdscope.plots import plot_random_reference
+    from cdscope.output.plots import plot_random_reference
 
     ref, stats = result.reference, result.stats
     plot_random_reference(
@@ -97,10 +97,10 @@ def model_gate_count(spec: str, granularity: str = "sublayer") -> int:
     """K of ``spec`` at ``granularity``: at sublayer, the number of residual writes its
     proven architecture description has (the model is loaded: K is discovered from its
     forward, not read from a table); finer, the gates of ``GatedModel``'s gate set."""
-    from cdscope.eap_graph import edge_graph
-    from cdscope.frames import ProbeSettings  # the model stack loads only when asked for
-    from cdscope.gates import GatedModel
-    from cdscope.models.loading import load_model
+    from cdscope.core.eap_graph import edge_graph
+    from cdscope.core.gates import GatedModel
+    from cdscope.core.models.loading import load_model
+    from cdscope.output.frames import ProbeSettings  # the model stack loads only when asked for
 
     ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity
     model = load_model(spec, device="cpu").model

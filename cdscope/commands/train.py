@@ -17,11 +17,11 @@ from typing import Any
 from rich.console import Console
 
 from cdscope.commands.workflow import model_record
+from cdscope.core.probes import load_pool
 from cdscope.distributed import rank_device, single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, run_metadata
 from cdscope.messages import make_console
-from cdscope.probes import load_pool
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
 from cdscope.train.config import TrainConfig
 from cdscope.train.loop import train
@@ -70,9 +70,9 @@ def prepare(
     """
     import torch
 
-    from cdscope.generation import ensure_pad_token
-    from cdscope.models import LoadedModel, load_model
-    from cdscope.regularizer import check_step_resolution
+    from cdscope.core.generation import ensure_pad_token
+    from cdscope.core.models import LoadedModel, load_model
+    from cdscope.core.regularizer import check_step_resolution
     from cdscope.tasks.sandbox import require_sandbox_for
     from cdscope.train.cdrft import build_probe
 

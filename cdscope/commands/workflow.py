@@ -4,7 +4,7 @@ the model record and the run metadata of a probe measurement.
 ``commands/probe.py`` (one process) and ``commands/parallel.py`` (ranks under a
 launcher) measure each (model, seed) pair with exactly these functions, so both write
 the same numbers; ``eval``, ``eap-info``, ``gradcheck`` and ``train`` describe their
-models with ``model_record``. ``--resume`` is ``cdscope.resume``.
+models with ``model_record``. ``--resume`` is ``cdscope.output.resume``.
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from cdscope.batch import encode_probe, rows_per_forward
-from cdscope.control import ControlResult, control_autograd, control_finite_difference
-from cdscope.edge_control import EDGE_COLUMNS, EdgeGateSet, control_edges
+from cdscope.core.batch import encode_probe, rows_per_forward
+from cdscope.core.control import ControlResult, control_autograd, control_finite_difference
+from cdscope.core.edge_control import EDGE_COLUMNS, EdgeGateSet, control_edges
+from cdscope.core.gates import GatedModel, GateSet
+from cdscope.core.models import LoadedModel
+from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.finite import NonFinite
-from cdscope.frames import ModelOptions, ProbeSettings, describe_seeds
-from cdscope.gates import GatedModel, GateSet
 from cdscope.io import run_metadata
 from cdscope.messages import warn
-from cdscope.models import LoadedModel
-from cdscope.probes import ProbePool, draw_probe, drawn_ids
+from cdscope.output.frames import ModelOptions, ProbeSettings, describe_seeds
 
 
 def gated(loaded: LoadedModel, settings: ProbeSettings) -> AbstractContextManager:
     """The gates a probe at ``settings.granularity`` measures through: a ``GatedModel``, or
-    nothing at edge granularity (``cdscope.edge_control`` hooks the model itself)."""
+    nothing at edge granularity (``cdscope.core.edge_control`` hooks the model itself)."""
     if settings.granularity == "edge":
         return nullcontext(None)
     return GatedModel(loaded.model, granularity=settings.granularity)
@@ -128,7 +128,7 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
 def model_record(loaded: LoadedModel, gate_set: GateSet | None = None) -> dict:
     """The one description of a model in every command's run metadata (``models`` /
     ``model``): name as given, resolved source, content revision (what ``--resume``
-    compares, ``cdscope.resume.model_identity``), architecture type, dtype, device and
+    compares, ``cdscope.output.resume.model_identity``), architecture type, dtype, device and
     attention implementation; with the gate set it was measured at, also the layer count,
     K and the gate granularity."""
     config = getattr(loaded.model, "config", None)

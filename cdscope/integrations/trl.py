@@ -41,8 +41,8 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
+from cdscope.core.gates import GatedModel
 from cdscope.errors import CdscopeError, missing_extra
-from cdscope.gates import GatedModel
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
 from cdscope.tasks.format import Task

@@ -154,7 +154,7 @@ def probe_verifier_kind(item: object) -> str:
 
 
 def task_from_probe_item(item: object) -> Task:
-    """A probe pool item (``cdscope.probes.ProbeItem``) as a Task with the same verifier.
+    """A probe pool item (``cdscope.core.probes.ProbeItem``) as a Task with the same verifier.
 
     Probe code items store the entry point under ``answer``; math/logic items store the
     reference answer there. Items without a ``verifier`` default to ``math``/``logic`` by

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from cdscope.batch import ProbeBatch, encode_probe
-from cdscope.control import ControlResult, control_autograd
+from cdscope.analysis.spectral import b_shared, moment_ratio
+from cdscope.core.batch import ProbeBatch, encode_probe
+from cdscope.core.control import ControlResult, control_autograd
+from cdscope.core.gates import GatedModel
+from cdscope.core.probes import ProbePool, draw_probe
+from cdscope.core.regularizer import GradResult, regularizer_grad
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
-from cdscope.probes import ProbePool, draw_probe
-from cdscope.regularizer import GradResult, regularizer_grad
-from cdscope.spectral import b_shared, moment_ratio
 
 
 @dataclass(frozen=True)

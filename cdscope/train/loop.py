@@ -36,9 +36,9 @@ import pandas as pd
 import torch
 from rich.console import Console
 
+from cdscope.core.gates import GatedModel
+from cdscope.core.generation import sample
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
-from cdscope.generation import sample
 from cdscope.io import write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.train.checkpoint import latest_checkpoint_path, load_checkpoint, save_checkpoint

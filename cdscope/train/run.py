@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from cdscope.batch import ProbeBatch
+from cdscope.core.batch import ProbeBatch
 from cdscope.tasks.format import Task
 from cdscope.tasks.verifiers import verify_many
 from cdscope.train.config import TrainConfig

@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from cdscope.batch import ProbeBatch, rows_per_forward
+from cdscope.core.batch import ProbeBatch, rows_per_forward
+from cdscope.core.gates import GatedModel
+from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
-from cdscope.gates import GatedModel
-from cdscope.models.placement import execution_device
 from cdscope.train.cdrft import (
     ProbeMeasure,
     ProjectionResult,

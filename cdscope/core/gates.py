@@ -1,0 +1,119 @@
+"""Per-row scalar gates on every residual write (SPEC §1).
+
+    h_{l+1} = h_l + g_attn(l) * attn_write_l + g_mlp(l) * mlp_write_l
+
+The gate vector of one forward pass is a tensor ``g`` of shape ``[B, K]``: row ``b``
+carries the gates used for batch row ``b``, so one batched forward can carry different
+gate settings per row (families, +/- perturbations). Gate ``k`` of a sublayer gate set
+is the position of the write in the model's architecture description (blocks in order,
+writes of a block in call order): ``2*l`` for the attention write of layer ``l`` and
+``2*l + 1`` for its MLP write in an ordinary decoder (K = 2L); hybrid blocks may have
+other counts and roles (``cdscope.core.models.adapters``).
+
+Mechanism: a forward hook on each write module (discovered and proven at load by
+``cdscope.core.models.adapters.architecture_of``)
+multiplies the module's output by ``g[:, k]``. With ``g = 1`` the multiplication is an
+exact floating-point identity, so the gated model reproduces the ungated one bit for bit;
+``g_k = 0`` removes exactly that write. Both facts are tested in ``tests/test_gates.py``.
+
+The hooks belong to a ``GatedModel`` context object: they are installed on ``__enter__``
+and always removed on ``__exit__``, exceptions included. Outside ``GatedModel.gating``
+the hooks pass outputs through untouched.
+
+Granularity: a ``GateSet`` maps each gate index to a ``GateUnit`` (layer, sublayer and,
+at finer granularities, a head, expert or neuron index). Estimators only ever see
+``[B, K]`` tensors and the ``GateSet``. ``GatedModel(model, granularity=...)`` takes the
+name of a granularity (``GRANULARITIES``); the sites of the finer ones (forward pre-hooks
+on output projections and on MoE expert weights) live in ``cdscope.core.gate_units``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+import torch
+from torch import nn
+
+from cdscope.core.gate_sites import (
+    GATE_GRANULARITIES,
+    Capture,
+    GateSet,
+    GateState,
+    GateUnit,
+    WriteSite,
+    gate_dtype,
+)
+from cdscope.core.gate_units import unit_sites
+from cdscope.core.models.adapters import Architecture, architecture_of
+from cdscope.hooks import HookSet
+
+
+class GatedModel:
+    """Owns the gate hooks of one causal LM.
+
+    Usage::
+
+        with GatedModel(model) as gm:
+            with gm.gating(torch.ones(B, gm.gate_set.K), capture_norms=True) as cap:
+                out = model(input_ids)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        architecture: Architecture | None = None,
+        granularity: str = "sublayer",
+    ) -> None:
+        if granularity not in GATE_GRANULARITIES:
+            raise ValueError(
+                f"granularity must be one of {GATE_GRANULARITIES}, got {granularity!r}"
+            )
+        self.model = model
+        self.architecture = architecture or architecture_of(model)  # discovered + proven
+        writes = self.architecture.write_modules(model)
+        if granularity == "sublayer":
+            self._sites: list = [
+                WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)
+            ]
+        else:
+            self._sites = unit_sites(model, self.architecture, granularity)
+        self.gate_set = GateSet(tuple(u for site in self._sites for u in site.units), granularity)
+        self._hooks = HookSet("GatedModel")
+        self.state = GateState()
+
+    # -- hook lifecycle -------------------------------------------------------------
+    def __enter__(self) -> GatedModel:
+        self._hooks.install(
+            lambda hooks: [hooks.add(h) for site in self._sites for h in site.install(self.state)]
+        )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._hooks.remove()
+        self.state = GateState()
+
+    @contextmanager
+    def gating(self, gates: torch.Tensor | None, capture_norms: bool = False) -> Iterator[Capture]:
+        """Apply ``gates`` (``[B, K]``, or None for no gating) to forwards run inside the block."""
+        if not self._hooks.installed:
+            raise RuntimeError("use GatedModel as a context manager before gating")
+        if gates is not None and (gates.dim() != 2 or gates.shape[1] != self.gate_set.K):
+            raise ValueError(
+                f"gates must have shape [B, {self.gate_set.K}], got {tuple(gates.shape)}"
+            )
+        capture = Capture()
+        self.state.gates, self.state.capture = gates, (capture if capture_norms else None)
+        try:
+            yield capture
+        finally:
+            self.state.gates, self.state.capture = None, None
+
+
+__all__ = ["Capture", "GateSet", "GateState", "GateUnit", "GatedModel", "gate_dtype"]

@@ -1,0 +1,243 @@
+"""Batched sampling of completions with ``transformers`` ``model.generate``.
+
+``sample`` answers each prompt ``num_samples`` times. Rows are laid out sample-major
+within a prompt (prompt 0's samples first, then prompt 1's, ...), cut into chunks of
+``batch_size`` rows, and each chunk is one ``model.generate`` call: KV cache, left
+padding (so every row's next token sits in the last column), ``do_sample`` with the
+given temperature and top-p when ``temperature > 0``, greedy decoding at ``temperature
+== 0``. A row stops at its first end-of-sequence token (any id among the tokenizer's EOS
+and the model's ``generation_config.eos_token_id``); the EOS is kept and counted.
+
+Sampling follows the model's distribution exactly: ``top_k`` is switched off (the
+library default of 50 would otherwise truncate it) and no repetition penalty is
+applied, so the rollouts of GRPO (SPEC §5) and the samples behind pass@k (SPEC §7)
+come from ``softmax(logits / temperature)`` restricted only by ``top_p``.
+
+Determinism: chunk ``b`` is drawn under ``torch.manual_seed(mix(seed, b))`` inside a
+forked RNG state, so the same seed, prompts and ``batch_size`` give the same samples on
+the same machine, and the caller's global RNG is left untouched. Changing
+``batch_size`` changes which random numbers each row sees (not the distribution).
+
+The prompt text is tokenised raw (no chat template), exactly like the probe pools.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from cdscope.core.models.adapters import check_fits
+from cdscope.core.models.placement import execution_device
+from cdscope.errors import CdscopeError
+from cdscope.finite import require_finite
+
+
+@dataclass
+class Rollouts:
+    """Sampled completions, one row per (prompt, sample)."""
+
+    prompt_index: torch.Tensor  # [N] long: which input prompt each row answers
+    prompt_ids: torch.Tensor  # [N, P] long, left-padded with the pad id
+    prompt_mask: torch.Tensor  # [N, P] bool, True on real prompt tokens
+    completion_ids: torch.Tensor  # [N, T] long, right-padded after the first EOS
+    completion_mask: torch.Tensor  # [N, T] bool, True up to and including the first EOS
+    texts: list[str]  # decoded completions (special tokens skipped, stopped at EOS)
+    generated_tokens: int  # completion_mask.sum()
+    seconds: float
+
+
+def ensure_pad_token(tokenizer: object) -> int:
+    """The tokenizer's pad id; when it has none, the EOS token becomes the pad token."""
+    if tokenizer.pad_token_id is None:  # type: ignore[attr-defined]
+        if tokenizer.eos_token is None:  # type: ignore[attr-defined]
+            raise CdscopeError(
+                "the tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token "
+                "before sampling"
+            )
+        tokenizer.pad_token = tokenizer.eos_token  # type: ignore[attr-defined]
+    return int(tokenizer.pad_token_id)  # type: ignore[attr-defined]
+
+
+def eos_token_ids(model: nn.Module, tokenizer: object) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS plus the model's generation EOS."""
+    ids: list[int] = []
+    candidates = [getattr(tokenizer, "eos_token_id", None)]
+    config = getattr(model, "generation_config", None)
+    configured = getattr(config, "eos_token_id", None)
+    candidates += configured if isinstance(configured, list | tuple) else [configured]
+    for candidate in candidates:
+        if candidate is not None and int(candidate) not in ids:
+            ids.append(int(candidate))
+    if not ids:
+        raise CdscopeError(
+            "neither the tokenizer nor the model's generation_config names an EOS token; "
+            "set tokenizer.eos_token so completions can stop"
+        )
+    return ids
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """A 63-bit seed for chunk ``chunk`` of a call seeded with ``seed`` (numpy SeedSequence)."""
+    state = np.random.SeedSequence([seed, chunk]).generate_state(2, dtype=np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
+    """True on every generated token up to and including the first EOS of its row."""
+    is_eos = torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device))
+    # eos strictly before position t <=> cumulative count up to t-1 > 0
+    before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    return before == 0
+
+
+def finite_logits() -> object:
+    """A ``logits_processor`` list for ``generate`` that refuses NaN / +inf next-token
+    logits (non-finite weights) with one line, instead of sampling from NaN (a torch
+    error) or decoding greedy garbage. -inf stays legal (masked tokens)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class FiniteLogits(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if bool((torch.isnan(scores) | torch.isposinf(scores)).any()):
+                masked = scores.masked_fill(torch.isneginf(scores), 0.0)
+                where = f"after {input_ids.shape[1]} tokens"
+                require_finite([("next-token logits [row, token]", masked)], where)
+            return scores
+
+    return LogitsProcessorList([FiniteLogits()])
+
+
+def _validate(
+    prompts: Sequence[str],
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    batch_size: int | None,
+    top_p: float,
+) -> None:
+    if len(prompts) == 0:
+        raise CdscopeError("no prompts to sample from; give at least one prompt")
+    if num_samples < 1:
+        raise CdscopeError(f"num_samples must be >= 1, got {num_samples}")
+    if max_new_tokens < 1:
+        raise CdscopeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0:
+        raise CdscopeError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise CdscopeError(f"top_p must lie in (0, 1], got {top_p}")
+    if seed < 0:
+        raise CdscopeError(f"seed must be a non-negative integer, got {seed}")
+    if batch_size is not None and batch_size < 1:
+        raise CdscopeError(f"batch_size must be >= 1 (or None for one batch), got {batch_size}")
+
+
+def _pad_stack(rows: list[torch.Tensor], width: int, value: int | bool, left: bool) -> torch.Tensor:
+    """Concatenate [b, w_i] chunks into [sum b, width], padding each on the left or right."""
+    out = []
+    for row in rows:
+        pad = width - row.shape[1]
+        fill = torch.full((row.shape[0], pad), value, dtype=row.dtype, device=row.device)
+        out.append(torch.cat([fill, row] if left else [row, fill], dim=1))
+    return torch.cat(out, dim=0)
+
+
+def sample(
+    model: nn.Module,
+    tokenizer: object,
+    prompts: Sequence[str],
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    batch_size: int | None = None,
+    top_p: float = 1.0,
+    on_batch: Callable[[int], None] | None = None,
+) -> Rollouts:
+    """Sample ``num_samples`` completions for every prompt (see the module docstring).
+
+    ``batch_size`` is the number of rows per ``generate`` call (None: all rows at once).
+    ``on_batch(rows_done)`` is called after each chunk (for progress bars). The model is
+    put in eval mode for the call and restored afterwards. Returns tensors on the CPU.
+    """
+    _validate(prompts, num_samples, max_new_tokens, temperature, seed, batch_size, top_p)
+    pad_id = ensure_pad_token(tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
+    device = execution_device(model)
+    rows = [p for p in prompts for _ in range(num_samples)]
+    index = torch.arange(len(prompts)).repeat_interleave(num_samples)
+    step = batch_size or len(rows)
+    options: dict = dict(
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=eos_ids,
+        use_cache=True,
+        num_beams=1,
+        repetition_penalty=1.0,
+        logits_processor=finite_logits(),
+    )
+    if temperature > 0:
+        options.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0)
+    else:
+        options.update(do_sample=False, temperature=None, top_p=None)
+
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    ids_chunks, pmask_chunks, comp_chunks = [], [], []
+    fork = [device] if device.type == "cuda" else []
+    try:
+        for chunk, lo in enumerate(range(0, len(rows), step)):
+            enc = tokenizer(  # type: ignore[operator]
+                rows[lo : lo + step],
+                return_tensors="pt",
+                padding=True,
+                padding_side="left",
+                add_special_tokens=True,
+            )
+            input_ids = enc["input_ids"].to(device)
+            attention = enc["attention_mask"].to(device)
+            check_fits(
+                model, input_ids.shape[1] + max_new_tokens, "prompt + --max-new-tokens",
+                "lower --max-new-tokens or shorten the prompts",
+            )  # fmt: skip
+            with torch.random.fork_rng(devices=fork), torch.no_grad():
+                torch.manual_seed(chunk_seed(seed, chunk))
+                out = model.generate(  # type: ignore[operator]
+                    input_ids=input_ids, attention_mask=attention, **options
+                )
+            ids_chunks.append(input_ids.cpu())
+            pmask_chunks.append(attention.bool().cpu())
+            comp_chunks.append(out[:, input_ids.shape[1] :].cpu())
+            if on_batch is not None:
+                on_batch(min(lo + step, len(rows)))
+    finally:
+        model.train(was_training)
+
+    width_p = max(c.shape[1] for c in ids_chunks)
+    width_t = max(max(c.shape[1] for c in comp_chunks), 1)
+    prompt_ids = _pad_stack(ids_chunks, width_p, pad_id, left=True)
+    prompt_mask = _pad_stack(pmask_chunks, width_p, False, left=True)
+    completion = _pad_stack(comp_chunks, width_t, pad_id, left=False)
+    mask = completion_mask(completion, eos_ids)
+    completion = completion.masked_fill(~mask, pad_id)
+    texts = [
+        tokenizer.decode(row[m].tolist(), skip_special_tokens=True)  # type: ignore[attr-defined]
+        for row, m in zip(completion, mask, strict=True)
+    ]
+    return Rollouts(
+        prompt_index=index,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion,
+        completion_mask=mask,
+        texts=texts,
+        generated_tokens=int(mask.sum()),
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,58 @@
+"""Target log-likelihood of a probe batch under a (gated) model (SPEC §2).
+
+    log pi(y* | x; g) = sum_t log softmax(logits)[t, y*_t]   over target tokens only
+
+The backbone runs once; the output head is applied only at the positions that predict
+target tokens (a fraction of the sequence — the vocabulary projection is the largest
+matmul of a small model), and the log-softmax is taken in fp32 (fp64 for float64 models).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from cdscope.core.batch import ProbeBatch
+from cdscope.core.models.adapters import check_fits
+
+
+def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's own output head on final hidden states (with Gemma-style soft-capping)."""
+    logits = model.get_output_embeddings()(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    """The decoder stack under the LM head: ``base_model``, or where that is the causal-LM
+    wrapper itself (Llama-4, Mllama) the module holding the described decoder blocks."""
+    base = model.base_model
+    if base is model:
+        from cdscope.core.models.adapters import architecture_of
+
+        path = architecture_of(model).blocks_path.rpartition(".")[0]
+        base = model.get_submodule(path) if path else model
+    return base
+
+
+def row_target_logprobs(model: nn.Module, batch: ProbeBatch, rows: torch.Tensor) -> torch.Tensor:
+    """``[len(rows)]`` tensor: log pi(y* | x) of each row, summed over its target tokens.
+
+    Differentiable with respect to anything the forward depends on (gates included).
+    Padding is trimmed to the longest row of ``rows``.
+    """
+    width = int(batch.lengths[rows].max())
+    check_fits(model, width, "a probe row (prompt + target)", "use shorter probe items")
+    input_ids = batch.input_ids[rows.to(batch.input_ids.device), :width]
+    hidden = _backbone(model)(input_ids=input_ids, use_cache=False).last_hidden_state
+    local, pos, labels = batch.predicting_positions(rows)
+    # under a device map the last layer and the output head may sit on other devices
+    logits = output_logits(model, hidden[local.to(hidden.device), pos.to(hidden.device)])
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least, fp64 kept
+    token_logp = -F.cross_entropy(logits, labels.to(logits.device), reduction="none")
+    return torch.zeros(len(rows), dtype=token_logp.dtype, device=token_logp.device).index_add(
+        0, local.to(token_logp.device), token_logp
+    )

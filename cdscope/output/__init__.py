@@ -1,0 +1,2 @@
+"""What users read: the long Parquet schema and model records, resume identity, tables and
+figures."""

@@ -1,0 +1,173 @@
+"""The probe frame: long-format schema and the settings that define a measurement.
+
+Light on purpose (numpy and pandas only): commands that only read an existing probe
+file (``--from``) import this, not the model stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from cdscope.analysis.uncertainty import FamilySamples
+from cdscope.core.gate_sites import GATE_GRANULARITIES
+from cdscope.errors import CdscopeError
+
+if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
+    from cdscope.core.models.loading import LoadedModel
+    from cdscope.core.models.placement import Placement
+
+ESTIMATORS = ("autograd", "fd")
+#: gate granularities (``cdscope.core.gates.GatedModel``; docs/granularity.md): one gate per
+#: residual write, per attention head, per routed/shared MoE expert, per MLP neuron; and
+#: one per edge of the EAP graph (``cdscope.core.edge_control``, not a GatedModel gate set)
+GRANULARITIES = (*GATE_GRANULARITIES, "edge")
+FRAME_COLUMNS = [
+    "model",
+    "seed",
+    "family",
+    "gate",
+    "layer",
+    "sublayer",
+    "unit",
+    "C",
+    "F",
+    "dl_dg",
+    "ell",
+    "dropped",
+]
+#: Optional per-sample columns (docs/decisions.md): on each (family, gate) row, lists in
+#: probe order with one entry per sample i of the family -- log pi_i (repeated on every
+#: gate row), d log pi_i / d g_k and F_i[k]. Files written before they existed lack them;
+#: measures that need them are then reported as unavailable.
+SAMPLE_COLUMNS = ["logp_samples", "dlogp_samples", "F_samples"]
+#: Column ``unit`` (nullable Int64): the head / expert / neuron index of a gate at a finer
+#: granularity, null for a gate on a whole write; files from before it lack it (all null).
+UNIT_COLUMN = "unit"
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What defines a probe measurement; runs are comparable only when these agree."""
+
+    seeds: tuple[int, ...]
+    n: int = 3
+    template: str = "plain"
+    estimator: str = "autograd"
+    batch_size: int | None = None
+    fd_step: float = 1e-2
+    fd_order: int = 2
+    granularity: str = "sublayer"
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise CdscopeError(
+                f"--granularity must be one of {', '.join(GRANULARITIES)}; got {self.granularity!r}"
+            )
+        if not self.seeds:
+            raise CdscopeError("--seeds must be at least 1")
+        if self.estimator not in ESTIMATORS:
+            raise CdscopeError(
+                f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
+            )
+        if self.granularity == "edge" and self.estimator != "autograd":
+            raise CdscopeError(
+                "edge granularity has only the autograd estimator: drop --estimator fd"
+            )
+        if self.fd_order not in (2, 4):
+            raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
+
+    def comparable(self) -> dict:
+        """The settings two runs must share for their numbers to be paired (and that
+        ``--resume`` compares): n, template, estimator, the fd stencil when used, and the
+        granularity when it is not ``sublayer`` (files from before it existed match)."""
+        same = {"n": self.n, "template": self.template, "estimator": self.estimator}
+        if self.estimator == "fd":
+            same |= {"fd_step": self.fd_step, "fd_order": self.fd_order}
+        if self.granularity != "sublayer":
+            same["granularity"] = self.granularity
+        return same
+
+
+def describe_seeds(seeds: Sequence[int]) -> str:
+    """Compact metadata for a seed list: ``'0..999'`` for a contiguous ascending range
+    (every list cdscope makes), else its count and a hash (never the whole list)."""
+    seeds = [int(s) for s in seeds]
+    if seeds and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}..{seeds[-1]}"
+    digest = hashlib.sha256(",".join(map(str, seeds)).encode()).hexdigest()[:16]
+    return f"{len(seeds)} seeds, sha256:{digest}"
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to load each model (``cdscope.core.models.load_model``'s keyword arguments): one
+    device, or spread by a ``Placement`` (device map)."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    attn: str = "auto"
+    placement: Placement | None = None
+    revision: str | None = None  # hub branch / tag / commit (hub ids only)
+    trust_remote_code: bool = False  # run the model repository's own code (hub/local dirs)
+
+    def load_kwargs(self) -> dict:
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "attn": self.attn,
+            "placement": self.placement,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+        }
+
+    def load(self, spec: str, console: object | None = None) -> LoadedModel:
+        from cdscope.core.models import load_model
+
+        return load_model(spec, console=console, **self.load_kwargs())
+
+
+def control_matrices(
+    frame: pd.DataFrame, value: str = "C"
+) -> dict[tuple[str, int], tuple[list[str], np.ndarray]]:
+    """Long frame -> {(model, seed): (kept families, [M, K] matrix of ``value``)}; dropped rows excluded."""
+    matrices = {}
+    kept = frame[~frame["dropped"]]
+    for (model, seed), group in kept.groupby(["model", "seed"], sort=False):
+        wide = group.pivot(index="family", columns="gate", values=value).sort_index()
+        matrices[(model, int(seed))] = (list(wide.index), wide.to_numpy())
+    return matrices
+
+
+def sample_sets(
+    frame: pd.DataFrame,
+) -> dict[tuple[str, int], tuple[list[str], list[FamilySamples]] | None]:
+    """Long frame -> {(model, seed): (kept families sorted, their samples)}, or None for a
+    (model, seed) whose rows lack the per-sample columns (an older file)."""
+    out: dict[tuple[str, int], tuple[list[str], list[FamilySamples]] | None] = {}
+    has_columns = all(c in frame.columns for c in SAMPLE_COLUMNS)
+    kept = frame[~frame["dropped"].astype(bool)]
+    for (model, seed), group in kept.groupby(["model", "seed"], sort=False):
+        key = (model, int(seed))
+        if not has_columns or group[SAMPLE_COLUMNS].isna().any().any():
+            out[key] = None
+            continue
+        families, sets = [], []
+        for family, rows in group.sort_values(["family", "gate"]).groupby("family", sort=True):
+            families.append(str(family))
+            sets.append(
+                FamilySamples(
+                    np.asarray(rows["logp_samples"].iloc[0], dtype=np.float64),
+                    np.stack([np.asarray(v, dtype=np.float64) for v in rows["dlogp_samples"]], 1),
+                    np.stack([np.asarray(v, dtype=np.float64) for v in rows["F_samples"]], 1),
+                )
+            )
+        out[key] = (families, sets)
+    return out

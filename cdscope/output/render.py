@@ -1,0 +1,339 @@
+"""Rich tables for the terminal. Percent for humans; Parquet keeps fractions (SPEC §3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from rich.table import Table
+from rich.text import Text
+
+from cdscope.analysis.spectral import b_shared
+from cdscope.messages import VerbatimTable
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def short_model_name(name: str) -> str:
+    """Paths shown by their last two components (``runs/cdrft/final`` -> ``cdrft/final``,
+    so training runs' ``final`` folders stay apart); hub ids and the embedded name as
+    they are."""
+    if "/" in name and Path(name).exists():
+        return "/".join(Path(name).resolve().parts[-2:])
+    return name
+
+
+def seed_summary_table(frame: pd.DataFrame) -> Table:
+    """Per (model, seed): B_shared(C), B_shared(F) in percent and l_m per family."""
+    from cdscope.output.frames import control_matrices
+
+    table = VerbatimTable(
+        title="Control per seed: B_shared in %, l_m = mean log-likelihood", title_justify="left"
+    )
+    families = sorted(frame["family"].unique())
+    any_dropped = bool(frame["dropped"].any())
+    table.add_column("model", no_wrap=True)
+    for column in ["seed", "B_shared C", "B_shared F", *[f"l {f}" for f in families]]:
+        table.add_column(column, justify="right", no_wrap=True)
+    if any_dropped:
+        table.add_column("dropped")
+    C, F = control_matrices(frame, "C"), control_matrices(frame, "F")  # noqa: N806
+    for (model, seed), group in frame.groupby(["model", "seed"], sort=False):
+        ell = group.groupby("family")["ell"].first()
+        dropped = sorted(group.loc[group["dropped"], "family"].unique())
+        kept_c = C.get((model, int(seed)))
+        bc = _pct(b_shared(kept_c[1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
+        bf = _pct(b_shared(F[(model, int(seed))][1])) if kept_c and len(kept_c[0]) >= 2 else "n/a"
+        cells = [
+            short_model_name(str(model)),
+            str(seed),
+            bc,
+            bf,
+            *[f"{ell.get(f, float('nan')):.1f}" for f in families],
+        ]
+        table.add_row(*cells, *([", ".join(dropped) or "-"] if any_dropped else []))
+    return table
+
+
+def _is_fraction(measure: str) -> bool:
+    """PR is a count-like quantity in [1, K]; everything else here is a fraction."""
+    return not measure.startswith("PR[")
+
+
+def _fmt(value: float, measure: str, signed: bool = False) -> str:
+    if value != value:  # NaN
+        return "n/a"
+    scaled = 100 * value if _is_fraction(measure) else value
+    return f"{scaled:+.2f}" if signed else f"{scaled:.2f}"
+
+
+def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
+    """One row per model, one column per seed (percent), with the bootstrap interval over
+    probe samples under each value when the probe carried per-sample data."""
+    table = VerbatimTable(title=title, title_justify="left")
+    seeds = sorted(per_seed["seed"].unique())
+    table.add_column("model", no_wrap=True)
+    for seed in seeds:
+        table.add_column(f"s{seed}", justify="right", no_wrap=True)
+    rows = per_seed[per_seed["measure"] == measure]
+    nan = float("nan")
+    for model in dict.fromkeys(per_seed["model"]):
+        part = rows[rows["model"] == model].set_index("seed")
+        cells = []
+        for s in seeds:
+            cell = Text(_fmt(part["value"].get(s, nan), measure))
+            lo, hi = (part[c].get(s, nan) if c in part else nan for c in ("ci_low", "ci_high"))
+            if lo == lo and hi == hi:
+                cell.append(f"\n[{_fmt(lo, measure)}, {_fmt(hi, measure)}]", style="dim")
+            cells.append(cell)
+        table.add_row(short_model_name(str(model)), *cells)
+    return table
+
+
+def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Table:
+    """Mean ± SE per model and measure, with paired deltas against the reference model."""
+    table = VerbatimTable(
+        title=title,
+        title_justify="left",
+        caption="fractions shown in %; Δ in percentage points; PR in gates; "
+        "seeds@80%: seeds a paired t-test needs to detect the chosen Δ",
+        caption_justify="left",
+    )
+    table.add_column("model", no_wrap=True)
+    table.add_column("measure", no_wrap=True)
+    table.add_column("mean ± SE", justify="right", no_wrap=True)
+    if not paired.empty:
+        table.add_column("Δ vs ref ± SE", justify="right", no_wrap=True)
+        table.add_column("Δ<0", justify="right", no_wrap=True)
+        table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+        table.add_column("SD of Δ", justify="right", no_wrap=True)
+        table.add_column("seeds@80%", justify="right", no_wrap=True)
+    for _, row in summary.iterrows():
+        measure = row["measure"]
+        cells = [
+            short_model_name(str(row["model"])),
+            measure,
+            f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}",
+        ]
+        if not paired.empty:
+            match = paired[(paired["model"] == row["model"]) & (paired["measure"] == measure)]
+            if match.empty:
+                cells += [
+                    "ref" if row["model"] == paired["reference"].iloc[0] else "-",
+                    "",
+                    "",
+                    "",
+                    "",
+                ]
+            else:
+                d = match.iloc[0]
+                cells += [
+                    f"{_fmt(d['mean'], measure, True)} ± {_fmt(d['se'], measure)}",
+                    f"{d['n_negative']}/{d['n']}",
+                    f"[{_fmt(d['ci_low'], measure, True)}, {_fmt(d['ci_high'], measure, True)}]",
+                    _fmt(d.get("sd", float("nan")), measure),
+                    _seeds(d.get("seeds_needed", float("nan"))),
+                ]
+        table.add_row(*cells)
+    return table
+
+
+def _seeds(value: float) -> str:
+    """A seeds-needed count: n/a (NaN), > 100000 (inf) or an integer."""
+    if value != value:
+        return "n/a"
+    return "> 100000" if value == float("inf") else f"{int(value)}"
+
+
+def _captioned(title: str, caption: str, columns: tuple[str, ...]) -> Table:
+    """A table with a caption whose first column (the model) is left-aligned."""
+    table = VerbatimTable(
+        title=title, title_justify="left", caption=caption, caption_justify="left"
+    )
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    return table
+
+
+def convergence_table(convergence: pd.DataFrame) -> Table:
+    """Per model: does the leading eigenvector of the Gram stay put across seeds?"""
+    table = _captioned(
+        "direction check: leading eigenvector of G per seed vs the seeds' mean",
+        "angles in degrees (family space; gate space for the right singular vector); "
+        "DK: Davis-Kahan bound 2||Ĝ_s - Ḡ|| / gap; gap: (λ1 - λ2) / tr in %",
+        ("model", "seeds", "angle mean/max", "DK bound mean", "gate angle mean", "gap mean"),
+    )
+    for model, g in convergence.groupby("model", sort=False):
+        table.add_row(
+            short_model_name(str(model)),
+            str(len(g)),
+            f"{g['angle_deg'].mean():.1f} / {g['angle_deg'].max():.1f}",
+            f"{g['dk_bound_deg'].mean():.1f}",
+            f"{g['gate_angle_deg'].mean():.1f}",
+            f"{100 * g['eigengap'].mean():.1f}",
+        )
+    return table
+
+
+def nsweep_table(summary: pd.DataFrame) -> Table:
+    """nsweep: per model and n, plain and corrected B_shared(C) mean ± SE (percent)."""
+    table = _captioned(
+        "cdscope nsweep: B_shared(C) against n, mean ± SE over seeds",
+        "corrected: unbiased (U-statistic) Gram, needs n >= 2; clipped: "
+        "negative eigenvalue mass of that Gram",
+        ("model", "n", "seeds", "plain (%)", "corrected (%)", "clipped (%)"),
+    )
+    cells = summary.set_index(["model", "n", "measure"])
+    for model, n in summary[["model", "n"]].drop_duplicates().itertuples(index=False):
+
+        def cell(measure: str, model=model, n=n) -> str:  # noqa: ANN001
+            key = (model, n, measure)
+            if key not in cells.index:
+                return "n/a"
+            row = cells.loc[key]
+            return f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}"
+
+        table.add_row(
+            short_model_name(str(model)),
+            str(n),
+            str(int(cells.loc[(model, n, "B_shared_C"), "n_seeds"])),
+            cell("B_shared_C"),
+            cell("B_shared_C_unbiased"),
+            cell("gram_negative_mass"),
+        )
+    return table
+
+
+def random_ref_table(stats: dict) -> Table:
+    table = VerbatimTable(
+        title=f"Random reference B_shared (%): M = {stats['M']}, K = {stats['K']}, "
+        f"T = {stats['trials']:,}, seed {stats['seed']}",
+        title_justify="left",
+    )
+    for column in ("1/M", "mean", "std", "p95", "p99"):
+        table.add_column(column, justify="right")
+    cells = [
+        _pct(1 / stats["M"]),
+        _pct(stats["mean"]),
+        _pct(stats["std"]),
+        _pct(stats["p95"]),
+        _pct(stats["p99"]),
+    ]
+    if stats.get("value") is not None:
+        table.add_column("value", justify="right")
+        table.add_column("percentile", justify="right")
+        cells += [_pct(stats["value"]), f"{stats['percentile']:.1f}"]
+    table.add_row(*cells)
+    return table
+
+
+def gradcheck_table(frame: pd.DataFrame) -> Table:
+    """Per (estimator, eps): cosine and relative error vs exact, per seed and worst case."""
+    seeds = sorted(frame["seed"].unique())
+    table = VerbatimTable(
+        title="Regulariser gradient vs exact (cosine | relative L2 error)",
+        title_justify="left",
+        caption="* = default estimator; time = median seconds per gradient",
+        caption_justify="left",
+    )
+    table.add_column("estimator", no_wrap=True)
+    table.add_column("eps", justify="right")
+    for seed in seeds:
+        table.add_column(f"seed {seed}", justify="right", no_wrap=True)
+    table.add_column("min cos", justify="right")
+    table.add_column("time", justify="right")
+    for (estimator, eps), group in frame.groupby(["estimator", "eps"], sort=False):
+        by_seed = group.set_index("seed")
+        star = "*" if bool(group["is_default"].any()) else ""
+        cells = [
+            f"{by_seed.loc[s, 'cosine']:.6f} | {by_seed.loc[s, 'rel_error']:.1e}"
+            if s in by_seed.index
+            else "-"
+            for s in seeds
+        ]
+        table.add_row(
+            f"{estimator}{star}",
+            f"{eps:g}",
+            *cells,
+            f"{group['cosine'].min():.6f}",
+            f"{group['seconds'].median():.1f}",
+        )
+    exact = frame.groupby("seed")["exact_seconds"].first().median()
+    table.add_row("exact", "-", *["1 | 0" for _ in seeds], "1", f"{exact:.1f}")
+    return table
+
+
+def _g(value: float, signed: bool = False) -> str:
+    """Significant digits for statistics of any scale (edge scores are often ~1e-3)."""
+    if value != value:  # NaN
+        return "n/a"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
+
+
+def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict) -> Table:
+    """Per model and statistic: mean over samples with its bootstrap interval; paired Δ."""
+    caption = "; ".join(
+        f"{short_model_name(str(m))}: {c.get('correct', 0)}/{c.get('drawn', 0)} correct"
+        f" ({c.get('incorrect', 0)} wrong, {c.get('unsupported', 0)} unsupported,"
+        f" {c.get('too_long', 0)} too long)"
+        for m, c in counts.items()
+    )
+    table = VerbatimTable(
+        title="Edge attribution per sample: mean [95% bootstrap interval]",
+        title_justify="left",
+        caption=caption + ("; Δ = model - baseline on the same samples" if len(paired) else ""),
+        caption_justify="left",
+    )
+    for column in ("model", "statistic"):
+        table.add_column(column, no_wrap=True)
+    for column in ("n", "mean", "95% CI"):
+        table.add_column(column, justify="right", no_wrap=True)
+    if len(paired):
+        table.add_column("Δ", justify="right", no_wrap=True)
+        table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+        table.add_column("SD of Δ", justify="right", no_wrap=True)
+        table.add_column("seeds@80%", justify="right", no_wrap=True)
+    for row in summary.itertuples():
+        cells = [
+            short_model_name(str(row.model)),
+            str(row.statistic),
+            str(row.n),
+            _g(row.mean),
+            f"[{_g(row.ci_low)}, {_g(row.ci_high)}]",
+        ]
+        if len(paired):
+            d = paired[(paired["model"] == row.model) & (paired["statistic"] == row.statistic)]
+            cells += (
+                ["", ""]
+                if d.empty
+                else [
+                    _g(d["mean_diff"].iloc[0], True),
+                    f"[{_g(d['ci_low'].iloc[0], True)}, {_g(d['ci_high'].iloc[0], True)}]",
+                ]
+            )
+        table.add_row(*cells)
+    return table
+
+
+def _short_pair(pair: str, benchmark: str) -> str:
+    """'math/gcd/eval/0 ~ math/gcd/train/3' -> 'eval/0 ~ train/3' (benchmark prefix dropped)."""
+    return " ~ ".join(p.removeprefix(benchmark + "/") for p in pair.split(" ~ "))
+
+
+def contamination_table(frame: pd.DataFrame) -> Table:
+    """``eval --audit``: per benchmark and reference set, the eval items flagged."""
+    table = VerbatimTable(title="contamination audit: eval items flagged", title_justify="left")
+    heads = ["benchmark", "vs", "items", "exact", "normalised", "J>=0.5", "J>=0.8"]
+    heads += ["code items", "same asserts", "max J", "max J pair"]
+    for name in heads:
+        left = name in ("benchmark", "vs", "max J pair")
+        table.add_column(name, justify="left" if left else "right", no_wrap=name != "max J pair")
+    thresholds = [c for c in frame.columns if c.startswith("jaccard>=")]
+    for row in frame.to_dict("records"):
+        cells = [row["benchmark"], row["against"], row["items"], row["exact"], row["normalised"]]
+        cells += [row[c] for c in thresholds] + [row["code_items"], row["same_asserts"]]
+        cells += [f"{row['max_jaccard']:.3f}", _short_pair(row["max_pair"], row["benchmark"])]
+        table.add_row(*(str(c) for c in cells))
+    return table

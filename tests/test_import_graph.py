@@ -176,3 +176,49 @@ def test_relative_imports_resolve(
 ) -> None:
     node = ast.ImportFrom(module=module, names=[ast.alias(name="x")], level=level)
     assert absolute(node, importer, is_package) == expected
+
+
+#: the tiers of docs/ARCHITECTURE.md, lowest first: a module may import its own tier and
+#: the tiers below it, never one above (the ground floor is cdscope's top-level modules)
+TIERS = (
+    ("ground", ("cdscope.errors", "cdscope.finite", "cdscope.io", "cdscope.messages",
+                "cdscope.resources", "cdscope.hooks", "cdscope.settings", "cdscope.distributed",
+                "cdscope.version")),
+    ("analysis", ("cdscope.analysis",)),
+    ("core", ("cdscope.core", "cdscope.tasks")),
+    ("output", ("cdscope.output",)),
+    ("train", ("cdscope.train",)),
+    ("integrations", ("cdscope.integrations",)),
+    ("commands", ("cdscope.commands",)),
+    ("cli", ("cdscope.cli", "cdscope.api", "cdscope.__main__")),
+    ("package", ("cdscope",)),
+)  # fmt: skip
+
+
+def tier_of(module: str) -> int:
+    """The rank of ``module``'s tier (the longest matching prefix decides)."""
+    best = (-1, -1)
+    for rank, (_, prefixes) in enumerate(TIERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                best = max(best, (len(prefix), rank))
+    assert best[1] >= 0, f"{module} belongs to no tier: add it to TIERS and ARCHITECTURE.md"
+    return best[1]
+
+
+def test_no_upward_imports() -> None:
+    graph = _package_parents(edges(modules()))
+    upward = sorted(
+        f"{importer} ({TIERS[tier_of(importer)][0]}) imports {target} ({TIERS[tier_of(target)][0]})"
+        for importer, targets in graph.items()
+        for target in targets
+        if tier_of(target) > tier_of(importer)
+    )
+    assert not upward, upward
+
+
+def test_tier_check_can_fail() -> None:
+    assert tier_of("cdscope.analysis.spectral") < tier_of("cdscope.core.gates")
+    assert tier_of("cdscope.commands.probe") > tier_of("cdscope.output.frames")
+    with pytest.raises(AssertionError):
+        tier_of("elsewhere.module")

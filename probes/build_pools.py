@@ -52,9 +52,9 @@ from solvers import (  # noqa: E402  (probes/ is not a package)
     SELF_CHECKS,
     SOLVERS,
     Reject,
-    check_equations,  # noqa: F401  (re-exported: tests/test_shipped_pools.py)
+    check_equations,  # noqa: F401  (re-exported: tests/tasks/test_shipped_pools.py)
     extract_final_answer,
-    syllogism_follows,  # noqa: F401  (re-exported: tests/test_shipped_pools.py)
+    syllogism_follows,  # noqa: F401  (re-exported: tests/tasks/test_shipped_pools.py)
 )
 
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import byte_tokenizer, tiny_model
 from typer.testing import CliRunner
 
 import cdscope
@@ -17,6 +16,7 @@ from cdscope.cli import app
 from cdscope.core.probes import draw_probe as core_draw
 from cdscope.core.probes import load_pool as core_load
 from cdscope.output.frames import FRAME_COLUMNS, SAMPLE_COLUMNS
+from tests.helpers import byte_tokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")

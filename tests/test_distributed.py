@@ -21,11 +21,11 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import byte_tokenizer, tiny_model
 from typer.testing import CliRunner
 
 from cdscope.cli import app
 from cdscope.distributed import Launch, share
+from tests.helpers import byte_tokenizer, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")

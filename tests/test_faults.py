@@ -13,7 +13,6 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
-from conftest import byte_tokenizer, tiny_model, write_pool
 from safetensors import SafetensorError
 from typer.testing import CliRunner
 
@@ -21,6 +20,7 @@ from cdscope import io as cio
 from cdscope.cli import app
 from cdscope.errors import CdscopeError
 from cdscope.output.frames import FRAME_COLUMNS
+from tests.helpers import byte_tokenizer, tiny_model, write_pool
 
 runner = CliRunner()
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -271,10 +271,9 @@ def test_nan_weights_are_refused_naming_the_quantity(nan_model_dir, pool_file, t
 
 
 def test_nan_weights_in_training(tmp_path) -> None:
-    from test_train import parity_reward, write_tasks_file
-
     from cdscope.commands.train import run_train
     from cdscope.train.config import TrainConfig
+    from tests.helpers import parity_reward, write_tasks_file
 
     model = tiny_model("llama")
     with torch.no_grad():

@@ -23,7 +23,7 @@ What is unbiased and what is not: every *entry* of G_u is an unbiased estimate o
 Gram of the expected rows (conditional on the normalisers l_m). The measures are ratios
 and eigenvalues of G_u -- B_shared = lambda_1 / tr, R = tr(G^2) / tr(G)^2, B_dir, B_norm
 -- and nonlinear functions of an unbiased matrix are not unbiased; their remaining bias
-is what ``cdscope nsweep`` and tests/test_noise_gram.py measure.
+is what ``cdscope nsweep`` and tests/analysis/test_noise_gram.py measure.
 
 Not positive semi-definite: G_u can have negative eigenvalues (a row whose signal is
 below its noise can even get a negative diagonal). The measures are then read from the

@@ -18,7 +18,7 @@ A residual write that is linear in its units is split into one gate per unit:
 
 Because each write is the sum of its units' contributions (plus a unit-free bias), the
 chain rule gives ``sum_u dl/dg_u = dl/dg_write`` for a bias-free projection: summed unit
-columns of C reproduce the sublayer C (tests/test_granularity.py).
+columns of C reproduce the sublayer C (tests/core/test_granularity.py).
 
 F of a unit is the norm of its contribution, computed only when norms are captured and
 without forming the contributions: ``||a_h W_h^T||^2 = a_h (W_h^T W_h) a_h^T`` with the

@@ -14,7 +14,7 @@ Mechanism: a forward hook on each write module (discovered and proven at load by
 ``cdscope.core.models.adapters.architecture_of``)
 multiplies the module's output by ``g[:, k]``. With ``g = 1`` the multiplication is an
 exact floating-point identity, so the gated model reproduces the ungated one bit for bit;
-``g_k = 0`` removes exactly that write. Both facts are tested in ``tests/test_gates.py``.
+``g_k = 0`` removes exactly that write. Both facts are tested in ``tests/core/test_gates.py``.
 
 The hooks belong to a ``GatedModel`` context object: they are installed on ``__enter__``
 and always removed on ``__exit__``, exceptions included. Outside ``GatedModel.gating``

@@ -17,11 +17,11 @@ as the hf loop, in the same order:
 * ``on_log`` — TRL's per-step metrics (loss, KL, gradient norm) and the reward columns
   with ``CDRFTStep.log_fields`` into ``OUT/log.parquet`` (atomic writes).
 
-``tests/test_cdrft_parity.py`` checks that one step through TRL and one through the hf
+``tests/train/test_cdrft_parity.py`` checks that one step through TRL and one through the hf
 loop, from the same weights on the same rollouts, give the same parameters. Under DDP
 (torchrun / accelerate launch) the step object broadcasts rank 0's lambda grad R and
 projected weights, so the regulariser enters once per optimizer step, not once per rank
-(tested: 2 CPU ranks equal 1 process, ``tests/test_trl_ddp.py``). FSDP and DeepSpeed are
+(tested: 2 CPU ranks equal 1 process, ``tests/train/test_trl_ddp.py``). FSDP and DeepSpeed are
 refused with one line (``refuse_sharded_engines``): see docs/distributed.md.
 
 Differences from the hf loop, by design of TRL: the data order is TRL's seeded sampler,

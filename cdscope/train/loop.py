@@ -20,7 +20,7 @@ One step t (both arms identical except where marked):
    to ``OUT/log.parquet``; a checkpoint every ``save_every`` steps and at the end.
 
 Steps 5 and 7 are the same object the TRL backend's callback drives
-(``integrations.trl``); ``tests/test_cdrft_parity.py`` checks both take the same step.
+(``integrations.trl``); ``tests/train/test_cdrft_parity.py`` checks both take the same step.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Nothing in cdscope's math changes under a map: the gate hooks move each row's ga
 the device of the write they multiply, batch inputs go to the execution device (the
 first GPU of the map, else CPU), and accelerate's hooks move activations between
 devices and stream offloaded weights in for each forward. Offloaded weights are read
-back exactly, so C is that of one device (tested: disk offload on CPU, ``tests/test_placement.py``).
+back exactly, so C is that of one device (tested: disk offload on CPU, ``tests/core/models/test_placement.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,80 @@
+"""CD-RFT on TRL under DDP: 2 CPU ranks (torchrun, gloo) against 1 process on the same global batch.
+
+``tests/train/trl_ddp_run.py`` runs one optimizer step of ``train_with_trl`` (regulariser
+lambda grad R, then the projection loop) with seeded per-row rollouts, so both launches
+see the same global batch. Each rank's backbone gradient is DDP's mean over ranks; the
+regulariser gradient is computed on the full probe by every rank and must enter once:
+the 2-rank weights equal the 1-process weights, and differ from a 1-process run with
+2 x lambda (what adding it once per rank would give) by orders of magnitude more.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="trl not installed: pip install 'cdscope[trl]'")
+
+from safetensors.torch import load_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "train" / "trl_ddp_run.py"
+TIMEOUT = 420
+
+
+def _run(workdir: Path, lam: float, nproc: int, *extra: str) -> dict[str, torch.Tensor]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TRL_EXPERIMENTAL_SILENCE="1")
+    args = [str(SCRIPT), str(workdir), str(lam), "1", *extra]
+    if nproc == 1:
+        cmd = [sys.executable, *args]
+    else:
+        torchrun = Path(sys.executable).with_name("torchrun")
+        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={nproc}", *args]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return load_file(workdir / "run" / "final" / "model.safetensors")
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_one_cdrft_step_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
+    one = _run(tmp_path / "one", 1.0, 1)
+    two = _run(tmp_path / "two", 1.0, 2)
+    twice = _run(tmp_path / "twice", 2.0, 1)  # the regulariser counted once per rank
+    same = _max_diff(one, two)
+    print(
+        f"max |w(2 ranks) - w(1 process)| = {same:.3g}, vs 2 x lambda: {_max_diff(one, twice):.3g}"
+    )
+    assert same < 1e-6, same  # fp32 reduction-order round-off of the DDP mean
+    assert _max_diff(one, twice) > 100 * max(same, 1e-8)
+
+
+def test_fsdp_and_deepspeed_are_refused_with_one_line() -> None:
+    from types import SimpleNamespace
+
+    from cdscope.errors import CdscopeError
+    from cdscope.integrations.trl import refuse_sharded_engines
+
+    for engine in ("fsdp", "deepspeed"):
+        flags = {"is_fsdp_enabled": engine == "fsdp", "is_deepspeed_enabled": engine == "deepspeed"}
+        with pytest.raises(CdscopeError, match="launch with DDP") as caught:
+            refuse_sharded_engines(SimpleNamespace(**flags))
+        assert "\n" not in str(caught.value)
+    refuse_sharded_engines(SimpleNamespace(is_fsdp_enabled=False, is_deepspeed_enabled=False))
+
+
+def test_shipped_accelerate_config_is_a_valid_ddp_config() -> None:
+    """The file is read by accelerate's own loader (a launch needs GPUs: not run here)."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(ROOT / "docs" / "accelerate" / "ddp.yaml")
+    assert str(config.distributed_type) in ("MULTI_GPU", "DistributedType.MULTI_GPU")
+    assert config.num_processes == 8 and not config.use_cpu

@@ -134,7 +134,7 @@ def test_safetensors_disk_full_while_checkpointing_keeps_the_previous_one(tmp_pa
 def test_disk_full_while_writing_the_probe_parquet(
     tiny_model_dir, pool_file, tmp_path, monkeypatch
 ):
-    def full(table, where):
+    def full(table, where, **kwargs):
         Path(where).write_bytes(b"half")
         raise ENOSPC
 

@@ -133,7 +133,7 @@ def _run_audit_command(
         outputs["plot"] = str(plot)
         frame = result.probe_frame
         if "unit" in frame.columns and frame["unit"].notna().any():
-            from cdscope.commands.audit import units_plot_path
+            from cdscope.commands.audit_plot import units_plot_path
 
             outputs["units_plot"] = str(units_plot_path(plot))
     return spec, result, outputs
@@ -221,7 +221,7 @@ def bshared(
     numbers: B_shared and R of the noise-corrected Gram (*_unbiased, docs/bshared.md) and
     a bootstrap interval over probe samples for every per-seed value.
     """
-    from cdscope.commands.audit import draw_audit
+    from cdscope.commands.audit_plot import draw_audit
     from cdscope.errors import AuditFailed
 
     spec, result, outputs = _run_audit_command(
@@ -300,7 +300,7 @@ def _register_audit_command(command: str, doc: str) -> None:
             resume_arg(resume, recompute), batch_size, options, bootstrap, detect, granularity,
         )  # fmt: skip
         if plot is not None:
-            from cdscope.commands.audit import draw_audit
+            from cdscope.commands.audit_plot import draw_audit
 
             draw_audit(plot, result)
         _report(command, spec, result, outputs, as_json)

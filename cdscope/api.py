@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from cdscope.commands.audit import AUDITS, AuditResult, check_probe_frame, evaluate_audit
+from cdscope.commands.audit import AUDITS, AuditResult, evaluate_audit
+from cdscope.commands.audit_inputs import check_probe_frame
 from cdscope.commands.random_ref import RandomReferenceResult, random_reference_result
 from cdscope.core.probes import REQUIRED_KEYS, ProbePool, pool_from_records
 from cdscope.core.probes import draw_probe as _draw
@@ -300,7 +301,7 @@ def random_reference(
 
 def plot(result: AuditResult | RandomReferenceResult, path: str | Path) -> Path:
     """Write the CLI's figure of ``result`` (``--plot``) to ``path`` (.png, .pdf or .svg)."""
-    from cdscope.commands.audit import draw_audit
+    from cdscope.commands.audit_plot import draw_audit
     from cdscope.commands.random_ref import draw_random_reference
     from cdscope.io import check_plot_path
 

@@ -205,6 +205,22 @@ def read_parquet(path: str | Path) -> tuple[pd.DataFrame, dict]:
     return frame, metadata
 
 
+def jsonl_lines(path: Path, what: str, empty: str) -> list[tuple[str, str]]:
+    """``(line, "file:line")`` for every non-blank line of the JSONL file ``path`` (task
+    files, probe pools); a one-line CdscopeError when it is missing, unreadable or has no
+    such line (``{what} file {path} has {empty}``)."""
+    if not path.is_file():
+        raise CdscopeError(f"{what} file not found: {path}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CdscopeError(f"cannot read {what} file {path}: {exc}") from exc
+    found = [(line, f"{path}:{n}") for n, line in enumerate(lines, start=1) if line.strip()]
+    if not found:
+        raise CdscopeError(f"{what} file {path} has {empty}")
+    return found
+
+
 def json_record(line: str, where: str, required: Sequence[str]) -> dict:
     """One JSONL line -> a JSON object with every ``required`` key, or a one-line
     CdscopeError starting with ``where`` (``file:line``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated
 
@@ -133,7 +134,7 @@ def _run_audit_command(
         outputs["plot"] = str(plot)
         frame = result.probe_frame
         if "unit" in frame.columns and frame["unit"].notna().any():
-            from cdscope.commands.audit import units_plot_path
+            from cdscope.commands.audit_plot import units_plot_path
 
             outputs["units_plot"] = str(units_plot_path(plot))
     return spec, result, outputs
@@ -175,44 +176,87 @@ def _report(
         wrote(err_console, f"{name}: {path}")
 
 
-@app.command()
-@user_errors
-def bshared(
-    model: ModelOpt = None,
-    seeds: AuditSeedsOpt = None,
-    n: AuditNOpt = None,
-    probe: ProbeOpt = None,
-    template: AuditTemplateOpt = None,
-    out: Annotated[
+FailAboveOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--fail-above",
+        parser=finite(0, 100),
+        help="CI gate: exit 1 if a model's mean B_shared(C) exceeds PCT percent.",
+    ),
+]
+#: the placement options, in model_options' order
+MODEL_KEYS = (
+    "device", "dtype", "attn", "device_map", "max_memory", "offload_dir", "revision",
+    "trust_remote_code",
+)  # fmt: skip
+
+
+def _audit_parameters(command: str, gate: bool) -> list[inspect.Parameter]:
+    """The options of bshared, acg and decompose, declared once in help order; ``gate``
+    adds bshared's CI gate (--fail-above) after --json."""
+    out_opt = Annotated[
         Path,
         typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
-    ] = Path("results/bshared.parquet"),
-    plot: PlotOpt = None,
-    as_json: JsonOpt = False,
-    fail_above: Annotated[
-        float | None,
-        typer.Option(
-            "--fail-above",
-            parser=finite(0, 100),
-            help="CI gate: exit 1 if a model's mean B_shared(C) exceeds PCT percent.",
-        ),
-    ] = None,
-    from_path: FromOpt = None,
-    resume: ResumeOpt = False,
-    recompute: RecomputeOpt = False,
-    batch_size: BatchOpt = None,
-    granularity: GranularityOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: AttnOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_dir: OffloadDirOpt = None,
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    bootstrap: BootstrapOpt = 1000,
-    detect: DetectOpt = 5.0,
-) -> None:
+    ]
+    declared = [
+        ("model", ModelOpt, None), ("seeds", AuditSeedsOpt, None), ("n", AuditNOpt, None),
+        ("probe", ProbeOpt, None), ("template", AuditTemplateOpt, None),
+        ("out", out_opt, Path(f"results/{command}.parquet")), ("plot", PlotOpt, None),
+        ("as_json", JsonOpt, False), *([("fail_above", FailAboveOpt, None)] if gate else []),
+        ("from_path", FromOpt, None), ("resume", ResumeOpt, False),
+        ("recompute", RecomputeOpt, False), ("batch_size", BatchOpt, None),
+        ("granularity", GranularityOpt, None), ("device", DeviceOpt, "auto"),
+        ("dtype", DtypeOpt, "auto"), ("attn", AttnOpt, "auto"), ("device_map", DeviceMapOpt, None),
+        ("max_memory", MaxMemoryOpt, None), ("offload_dir", OffloadDirOpt, None),
+        ("revision", RevisionOpt, None), ("trust_remote_code", TrustRemoteCodeOpt, False),
+        ("bootstrap", BootstrapOpt, 1000), ("detect", DetectOpt, 5.0),
+    ]  # fmt: skip
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return [inspect.Parameter(name, kind, default=d, annotation=a) for name, a, d in declared]
+
+
+def _register_audit_command(command: str, doc: str, gate: bool = False) -> None:
+    """One factory for bshared, acg and decompose: the same options and body; bshared
+    (``gate``) also takes --fail-above and exits 1 when a model's mean B_shared(C) is above."""
+
+    def audit_command(**values: object) -> None:
+        from cdscope.commands.audit_plot import draw_audit
+        from cdscope.errors import AuditFailed
+
+        fail_above = values.pop("fail_above", None)
+        options = model_options(*(values.pop(key) for key in MODEL_KEYS))
+        resume = resume_arg(values.pop("resume"), values.pop("recompute"))
+        spec, result, outputs = _run_audit_command(
+            command, options=options, resume=resume, **values
+        )
+        if values["plot"] is not None:
+            draw_audit(values["plot"], result)
+        if not gate:
+            _report(command, spec, result, outputs, values["as_json"])
+            return
+        failed = []
+        if fail_above is not None:
+            means = result.summary[result.summary["measure"] == "B_shared_C"]
+            failed = [
+                f"{r.model} {100 * r.mean:.1f}%"
+                for r in means.itertuples()
+                if 100 * r.mean > fail_above
+            ]
+        extra = {"fail_above": fail_above, "failed": failed}
+        _report(command, spec, result, outputs, values["as_json"], extra)
+        if failed:
+            raise AuditFailed(f"mean B_shared(C) above {fail_above}%: {', '.join(failed)}")
+
+    audit_command.__doc__ = doc
+    audit_command.__name__ = command
+    audit_command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        _audit_parameters(command, gate), return_annotation=None
+    )
+    app.command(command)(user_errors(audit_command))
+
+
+_register_audit_command(
+    "bshared",
     """Shared control bottleneck B_shared(C) = lambda_1 / tr(C C^T) per model and seed (SPEC §3).
 
     Reports mean ± SE over seeds (in %), R(C), and with several models the same-seed
@@ -220,96 +264,9 @@ def bshared(
     SD of Δ and the seeds needed to detect --detect at 80% power). Beside the plain
     numbers: B_shared and R of the noise-corrected Gram (*_unbiased, docs/bshared.md) and
     a bootstrap interval over probe samples for every per-seed value.
-    """
-    from cdscope.commands.audit import draw_audit
-    from cdscope.errors import AuditFailed
-
-    spec, result, outputs = _run_audit_command(
-        "bshared",
-        model,
-        seeds,
-        n,
-        probe,
-        template,
-        out,
-        plot,
-        as_json,
-        from_path,
-        resume_arg(resume, recompute),
-        batch_size,
-        model_options(
-            device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
-        ),
-        bootstrap,
-        detect,
-        granularity,
-    )
-    if plot is not None:
-        draw_audit(plot, result)
-    failed = []
-    if fail_above is not None:
-        means = result.summary[result.summary["measure"] == "B_shared_C"]
-        failed = [
-            f"{r.model} {100 * r.mean:.1f}%"
-            for r in means.itertuples()
-            if 100 * r.mean > fail_above
-        ]
-    _report("bshared", spec, result, outputs, as_json, {"fail_above": fail_above, "failed": failed})
-    if failed:
-        raise AuditFailed(f"mean B_shared(C) above {fail_above}%: {', '.join(failed)}")
-
-
-def _register_audit_command(command: str, doc: str) -> None:
-    """acg and decompose share bshared's options (without the CI gate): one definition."""
-
-    def audit_command(
-        model: ModelOpt = None,
-        seeds: AuditSeedsOpt = None,
-        n: AuditNOpt = None,
-        probe: ProbeOpt = None,
-        template: AuditTemplateOpt = None,
-        out: Annotated[
-            Path,
-            typer.Option(
-                "--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."
-            ),
-        ] = Path(f"results/{command}.parquet"),
-        plot: PlotOpt = None,
-        as_json: JsonOpt = False,
-        from_path: FromOpt = None,
-        resume: ResumeOpt = False,
-        recompute: RecomputeOpt = False,
-        batch_size: BatchOpt = None,
-        granularity: GranularityOpt = None,
-        device: DeviceOpt = "auto",
-        dtype: DtypeOpt = "auto",
-        attn: AttnOpt = "auto",
-        device_map: DeviceMapOpt = None,
-        max_memory: MaxMemoryOpt = None,
-        offload_dir: OffloadDirOpt = None,
-        revision: RevisionOpt = None,
-        trust_remote_code: TrustRemoteCodeOpt = False,
-        bootstrap: BootstrapOpt = 1000,
-        detect: DetectOpt = 5.0,
-    ) -> None:
-        options = model_options(
-            device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
-        )
-        spec, result, outputs = _run_audit_command(
-            command, model, seeds, n, probe, template, out, plot, as_json, from_path,
-            resume_arg(resume, recompute), batch_size, options, bootstrap, detect, granularity,
-        )  # fmt: skip
-        if plot is not None:
-            from cdscope.commands.audit import draw_audit
-
-            draw_audit(plot, result)
-        _report(command, spec, result, outputs, as_json)
-
-    audit_command.__doc__ = doc
-    audit_command.__name__ = command
-    app.command(command)(user_errors(audit_command))
-
-
+    """,
+    gate=True,
+)
 _register_audit_command(
     "acg",
     """Activation-control gap ACG = B_shared(F) - B_shared(C) per model and seed (SPEC §3).
@@ -370,25 +327,14 @@ def random_ref(
     The 1/M lower bound is not what a random matrix gives: compare a measured value
     with this reference (mean, std, p95, p99, and the value's percentile).
     """
-    from cdscope.commands.random_ref import draw_random_reference, random_reference_result
-    from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
+    from cdscope.commands.random_ref import run_random_reference
     from cdscope.output.render import random_ref_table
 
-    if gates is not None and model is not None:  # -K would be silently ignored
-        raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
-    if granularity is not None and model is None:
-        raise CdscopeError("--granularity takes K from --model: give --model too")
-    target = check_writable(out)
-    if plot is not None:
-        check_plot_path(plot)
-    result = random_reference_result(
-        families, gates, trials, seed, None if value is None else value / 100, model,
-        granularity or "sublayer",
+    result, target = run_random_reference(
+        out, plot, families, gates, trials, seed, None if value is None else value / 100, model,
+        granularity,
     )  # fmt: skip
     stats = result.stats
-    write_parquet(result.frame, target, run_metadata("random-ref", **stats))
-    if plot is not None:
-        draw_random_reference(plot, result)
     if as_json:
         print_json("random-ref", {}, **stats, outputs={"samples": str(target)})
     else:

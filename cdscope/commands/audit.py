@@ -37,13 +37,12 @@ from cdscope.analysis.uncertainty import (
     corrected_measures,
     direction_stability,
 )
+from cdscope.commands.audit_inputs import check_probe_frame, read_probe_frame
 from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
-from cdscope.io import read_parquet, run_metadata, write_parquet
+from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import warn
 from cdscope.output.frames import (
-    FRAME_COLUMNS,
-    UNIT_COLUMN,
     ModelOptions,
     ProbeSettings,
     control_matrices,
@@ -129,64 +128,6 @@ class AuditResult:
 def sibling(out: Path, suffix: str) -> Path:
     """``results/bshared.parquet`` -> ``results/bshared.<suffix>.parquet``."""
     return out.with_name(f"{out.stem}.{suffix}{out.suffix or '.parquet'}")
-
-
-def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFrame, dict]:
-    """A ``probe`` Parquet for ``--from``: schema and explicitly requested settings checked."""
-    frame, metadata = read_parquet(path)
-    check_probe_frame(frame, str(path))
-    check_probe_file(frame, metadata, path)
-    settings = {"granularity": "sublayer", **metadata["settings"]}  # older files: sublayer
-    for key, wanted in expect.items():
-        if wanted is not None and settings.get(key) != wanted:
-            raise CdscopeError(
-                f"{path} was measured with {key}={settings.get(key)!r} but --{key} {wanted} was asked; "
-                "drop the option or measure again"
-            )
-    return frame, metadata
-
-
-def check_probe_file(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
-    """Refuse a probe file whose columns or metadata cdscope could not have written:
-    non-integer seeds or gates, non-boolean ``dropped``, a NaN/inf in l_m, dl/dg, F or
-    in C of a kept family (naming the first), metadata without settings/models."""
-    if not isinstance(metadata.get("settings"), dict) or not isinstance(
-        metadata.get("models", []), list
-    ):
-        raise CdscopeError(f"{path}: its metadata has no settings/models; not a probe file")
-    for column in ("seed", "gate"):
-        if not pd.api.types.is_integer_dtype(frame[column]):
-            raise CdscopeError(
-                f"{path}: column {column!r} holds {frame[column].dtype} values, not integers"
-            )
-    if not pd.api.types.is_bool_dtype(frame["dropped"]):
-        raise CdscopeError(f"{path}: column 'dropped' holds {frame['dropped'].dtype}, not booleans")
-    keys = ["model", "seed", "family", "gate"]
-    duplicated = frame.duplicated(keys)
-    if duplicated.any():
-        row = frame[duplicated].iloc[0]
-        raise CdscopeError(
-            f"{path}: (model, seed, family, gate) = ({row['model']!r}, {row['seed']}, "
-            f"{row['family']!r}, {row['gate']}) appears twice; measure again"
-        )
-    grid = frame.groupby(["model", "seed"])[["family", "gate"]].nunique()
-    sizes = frame.groupby(["model", "seed"]).size()
-    incomplete = sizes != grid["family"] * grid["gate"]
-    if incomplete.any():
-        model, seed = incomplete[incomplete].index[0]
-        raise CdscopeError(
-            f"{path}: model {model!r} seed {seed} lacks some (family, gate) rows; measure again"
-        )
-    kept = ~frame["dropped"]
-    for column, rows in (("ell", None), ("dl_dg", None), ("F", None), ("C", kept)):
-        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-        bad = ~np.isfinite(values) if rows is None else ~np.isfinite(values) & rows.to_numpy()
-        if bad.any():
-            row = frame.iloc[int(np.flatnonzero(bad)[0])]
-            raise CdscopeError(
-                f"{path}: {column} of family {row['family']!r} at seed {row['seed']} of model "
-                f"{row['model']!r} is not a finite number ({row[column]!r}); measure again"
-            )
 
 
 def per_seed_frame(
@@ -376,21 +317,6 @@ def run_audit(
     return evaluate_audit(spec, probe_frame, probe_meta, console, source, out, bootstrap, detect)
 
 
-def check_probe_frame(frame: object, what: str = "the probe frame") -> pd.DataFrame:
-    """``frame`` must be a DataFrame with the probe schema (FRAME_COLUMNS); one-line refusal."""
-    if not isinstance(frame, pd.DataFrame):
-        raise CdscopeError(
-            f"{what} must be a pandas DataFrame from cdscope.measure, got {type(frame).__name__}"
-        )
-    missing = [c for c in FRAME_COLUMNS if c not in frame.columns and c != UNIT_COLUMN]
-    if missing:
-        raise CdscopeError(
-            f"{what} is not a probe file/frame (missing column(s) {', '.join(missing)}); pass "
-            "the frame cdscope.measure returns or the .probe.parquet of probe/bshared/acg/decompose"
-        )
-    return frame
-
-
 def evaluate_audit(
     spec: AuditSpec,
     probe_frame: pd.DataFrame,
@@ -464,29 +390,3 @@ def evaluate_audit(
         convergence,
         notes,
     )
-
-
-def units_plot_path(path: Path) -> Path:
-    """``fig.png`` -> ``fig.units.png``: the unit figure beside an audit's figure."""
-    return path.with_name(f"{path.stem}.units{path.suffix}")
-
-
-def draw_audit(path: Path, result: AuditResult) -> None:
-    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``);
-    when the gates are finer than whole writes, also the unit figure
-    (``plots_units.plot_units``: |C| mass curves, layer x head heatmaps) beside it."""
-    from cdscope.output.plots import plot_audit, plot_decompose
-
-    frame = result.probe_frame
-    if UNIT_COLUMN in frame.columns and frame[UNIT_COLUMN].notna().any():
-        from cdscope.output.plots_units import plot_units
-
-        plot_units(units_plot_path(path), frame)
-    if result.command == "decompose":
-        plot_decompose(path, result.per_seed, result.summary)
-        return
-    measures, title = {
-        "bshared": (["B_shared_C"], "B_shared(C)"),
-        "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
-    }[result.command]
-    plot_audit(path, title, result.per_seed, result.summary, result.paired, measures)

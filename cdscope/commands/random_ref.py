@@ -1,17 +1,20 @@
 """``random-ref``: B_shared of i.i.d. Gaussian M x K matrices as a reference (SPEC §4).
 
 The 1/M lower bound is not what a random matrix gives; this distribution is. The CLI
-command and ``cdscope.random_reference`` both call ``random_reference_result``.
+command runs ``run_random_reference`` (checks, samples, writes, draws);
+``cdscope.random_reference`` calls ``random_reference_result`` (no writes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_reference
 from cdscope.errors import CdscopeError
+from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
 
@@ -81,6 +84,36 @@ def random_reference_result(
         "granularity": granularity if model is not None else None,
     }
     return RandomReferenceResult(ref, stats)
+
+
+def run_random_reference(
+    out: Path,
+    plot: Path | None = None,
+    families: int = 3,
+    gates: int | None = None,
+    trials: int = 50_000,
+    seed: int = 0,
+    value: float | None = None,
+    model: str | None = None,
+    granularity: str | None = None,
+) -> tuple[RandomReferenceResult, Path]:
+    """The ``random-ref`` workflow: options and output paths checked before sampling, the
+    T samples written to ``out`` (statistics in its metadata), the histogram to ``plot``.
+    ``value`` is a fraction in (0, 1] as in ``random_reference_result``."""
+    if gates is not None and model is not None:  # -K would be silently ignored
+        raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
+    if granularity is not None and model is None:
+        raise CdscopeError("--granularity takes K from --model: give --model too")
+    target = check_writable(out)
+    if plot is not None:
+        check_plot_path(plot)
+    result = random_reference_result(
+        families, gates, trials, seed, value, model, granularity or "sublayer"
+    )
+    write_parquet(result.frame, target, run_metadata("random-ref", **result.stats))
+    if plot is not None:
+        draw_random_reference(plot, result)
+    return result, target
 
 
 def draw_random_reference(path: object, result: RandomReferenceResult) -> None:

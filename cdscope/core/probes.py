@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from cdscope.errors import CdscopeError
-from cdscope.io import json_record, require_keys
+from cdscope.io import json_record, jsonl_lines, require_keys
 from cdscope.resources import default_probe_dir
 
 REQUIRED_KEYS = ("id", "family", "prompt", "target")
@@ -74,11 +74,6 @@ def default_pool_paths() -> list[Path]:
     return paths
 
 
-def _parse_line(path: Path, lineno: int, line: str) -> ProbeItem:
-    where = f"{path}:{lineno}"
-    return parse_record(json_record(line, where, ()), where)  # parse_record names missing keys
-
-
 def parse_record(record: object, where: str) -> ProbeItem:
     """One pool object (a JSONL line's or a caller's dict) -> a ProbeItem, or a one-line
     CdscopeError starting with ``where``."""
@@ -103,18 +98,9 @@ def load_pool(paths: Sequence[str | Path] | None = None) -> ProbePool:
     resolved = [Path(p) for p in paths] if paths else default_pool_paths()
     parsed: list[tuple[ProbeItem, str]] = []
     for path in resolved:
-        if not path.is_file():
-            raise CdscopeError(f"probe file not found: {path}")
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CdscopeError(f"cannot read probe file {path}: {exc}") from exc
-        count = len(parsed)
-        for lineno, line in enumerate(lines, start=1):
-            if line.strip():
-                parsed.append((_parse_line(path, lineno, line), f"{path}:{lineno}"))
-        if len(parsed) == count:
-            raise CdscopeError(f"probe file {path} has no items (an empty family cannot be probed)")
+        empty = "no items (an empty family cannot be probed)"
+        for line, where in jsonl_lines(path, "probe", empty):
+            parsed.append((parse_record(json_record(line, where, ()), where), where))
     return _pool(parsed, tuple(str(p) for p in resolved))
 
 

@@ -52,7 +52,8 @@ from cdscope.core.regularizer_precision import check_realised_perturbation, chec
 from cdscope.errors import CdscopeError
 
 W_FLOOR = 1e-12
-ESTIMATORS = ("exact", "proxy", "richardson", "folded")
+#: estimators of the regulariser gradient (proxy_grad); not the C estimators (frames.C_ESTIMATORS)
+GRADIENT_ESTIMATORS = ("exact", "proxy", "richardson", "folded")
 #: (fold_normaliser, richardson) -> estimator name of a ``proxy_grad`` result
 _NAMES = {
     (False, False): "proxy",
@@ -351,7 +352,7 @@ def regularizer_grad(
             nominal, fold_normaliser=estimator == "folded",
         )  # fmt: skip
     raise CdscopeError(
-        f"gradient estimator must be one of {', '.join(ESTIMATORS)}; got {estimator!r}"
+        f"gradient estimator must be one of {', '.join(GRADIENT_ESTIMATORS)}; got {estimator!r}"
     )
 
 

@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
     from cdscope.core.models.loading import LoadedModel
     from cdscope.core.models.placement import Placement
 
-ESTIMATORS = ("autograd", "fd")
+#: estimators of C (SPEC §2): one backward, or 2K gated forwards (the slow check)
+C_ESTIMATORS = ("autograd", "fd")
 #: gate granularities (``cdscope.core.gates.GatedModel``; docs/granularity.md): one gate per
 #: residual write, per attention head, per routed/shared MoE expert, per MLP neuron; and
 #: one per edge of the EAP graph (``cdscope.core.edge_control``, not a GatedModel gate set)
@@ -71,9 +72,9 @@ class ProbeSettings:
             )
         if not self.seeds:
             raise CdscopeError("--seeds must be at least 1")
-        if self.estimator not in ESTIMATORS:
+        if self.estimator not in C_ESTIMATORS:
             raise CdscopeError(
-                f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
+                f"--estimator must be one of {', '.join(C_ESTIMATORS)}; got {self.estimator!r}"
             )
         if self.granularity == "edge" and self.estimator != "autograd":
             raise CdscopeError(

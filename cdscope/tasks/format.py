@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from cdscope.errors import CdscopeError
-from cdscope.io import atomic_write_bytes, json_record
+from cdscope.io import atomic_write_bytes, json_record, jsonl_lines
 from cdscope.resources import default_task_dir
 from cdscope.tasks.record import (
     OPTIONAL_KEYS,
@@ -90,18 +90,7 @@ def load_tasks(paths: Sequence[str | Path]) -> list[Task]:
     tasks: list[Task] = []
     first_seen: dict[str, str] = {}
     for raw in paths:
-        path = Path(raw)
-        if not path.is_file():
-            raise CdscopeError(f"task file not found: {path}")
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CdscopeError(f"cannot read task file {path}: {exc}") from exc
-        count = 0
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
+        for line, where in jsonl_lines(Path(raw), "task", "no tasks"):
             task = parse_task(line, where)
             if task.id in first_seen:
                 raise CdscopeError(
@@ -109,9 +98,6 @@ def load_tasks(paths: Sequence[str | Path]) -> list[Task]:
                 )
             first_seen[task.id] = where
             tasks.append(task)
-            count += 1
-        if count == 0:
-            raise CdscopeError(f"task file {path} has no tasks")
     return tasks
 
 

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdscope.core.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, ESTIMATORS
+from cdscope.core.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, GRADIENT_ESTIMATORS
 from cdscope.errors import CdscopeError
 from cdscope.finite import COUNT_MAX, SEED_MAX
 from cdscope.resources import EMBEDDED_NAME
@@ -72,7 +72,9 @@ class TrainConfig:
     eta_proj: float = setting(4e-3, "--eta-proj", "Projection step size.")
     eps: float = setting(DEFAULT_EPS, "--eps", "Gate step of the proxy gradient.")
     estimator: str = setting(
-        DEFAULT_ESTIMATOR, "--estimator", f"Regulariser gradient: {' | '.join(ESTIMATORS)}."
+        DEFAULT_ESTIMATOR,
+        "--estimator",
+        f"Regulariser gradient: {' | '.join(GRADIENT_ESTIMATORS)}.",
     )
     probe_n: int = setting(3, "--probe-n", "Probe samples per family.")
     probe_files: tuple[str, ...] = ()
@@ -176,9 +178,9 @@ class TrainConfig:
             raise CdscopeError(
                 f"--backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
             )
-        if self.estimator not in ESTIMATORS:
+        if self.estimator not in GRADIENT_ESTIMATORS:
             raise CdscopeError(
-                f"--estimator must be one of {', '.join(ESTIMATORS)}; got {self.estimator!r}"
+                f"--estimator must be one of {', '.join(GRADIENT_ESTIMATORS)}; got {self.estimator!r}"
             )
         if num_probe_families is not None:
             low = 100.0 / num_probe_families

@@ -75,3 +75,4 @@ class GradcheckSettings:
     eps: tuple[float, ...] = (0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
     richardson_sweep: bool = False
     batch_size: int | None = None
+    granularity: str = "sublayer"  # the gate set whose C the regulariser shapes

@@ -194,6 +194,7 @@ def gradcheck(
             "--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1."
         ),
     ] = GradcheckSettings.seeds[0],
+    granularity: GranularityOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
@@ -219,6 +220,7 @@ def gradcheck(
         tuple(eps_values),
         richardson_sweep,
         batch_size,
+        granularity or GradcheckSettings.granularity,
     )
     frame = run_gradcheck(
         model_spec=model, pool=pool, settings=settings, out=target, options=options,

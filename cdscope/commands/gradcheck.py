@@ -16,6 +16,7 @@ from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.batch import encode_probe, rows_per_forward
+from cdscope.core.gate_sites import GATE_GRANULARITIES
 from cdscope.core.gates import GatedModel
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
@@ -27,6 +28,7 @@ from cdscope.core.regularizer import (
     regularizer_grad,
 )
 from cdscope.distributed import single_process_only
+from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
@@ -58,6 +60,11 @@ def run_gradcheck(
 ) -> pd.DataFrame:
     """The sweep of the module docstring; rewrites ``out`` after every seed."""
     single_process_only("gradcheck")
+    if settings.granularity not in GATE_GRANULARITIES:
+        raise CdscopeError(
+            f"gradcheck --granularity must be one of {', '.join(GATE_GRANULARITIES)}; "
+            f"got {settings.granularity!r}"
+        )
     console = console or make_console()
     seeds, n, template = settings.seeds, settings.n, settings.template
     eps_list, batch_size = settings.eps, settings.batch_size
@@ -69,6 +76,7 @@ def run_gradcheck(
         variants += [("richardson", e) for e in eps_list]
     if (DEFAULT_ESTIMATOR, DEFAULT_EPS) not in variants:
         variants.append((DEFAULT_ESTIMATOR, DEFAULT_EPS))
+    gated = GatedModel(loaded.model, granularity=settings.granularity)
     metadata = run_metadata(
         "gradcheck",
         probe_hash=pool.hash,
@@ -76,13 +84,18 @@ def run_gradcheck(
         families=pool.families,
         seeds=describe_seeds(seeds),
         drawn={str(s): drawn_ids(draw_probe(pool, s, n)) for s in seeds},
-        settings={"n": n, "template": template, "batch_size": row_chunk},
+        settings={
+            "n": n,
+            "template": template,
+            "batch_size": row_chunk,
+            "granularity": settings.granularity,
+        },
         eps=list(eps_list),
         default={"estimator": DEFAULT_ESTIMATOR, "eps": DEFAULT_EPS},
-        models=[model_record(loaded)],
+        models=[model_record(loaded, gated.gate_set)],
     )
     rows: list[dict] = []
-    with GatedModel(loaded.model) as gm, progress_bar(console) as progress:
+    with gated as gm, progress_bar(console) as progress:
         task = progress.add_task("gradcheck", total=len(seeds) * (1 + len(variants)))
         for seed in seeds:
             batch = encode_probe(

@@ -263,7 +263,7 @@ def train_with_trl(
         [{"prompt": t.prompt, "task_index": i} for i, t in enumerate(inputs.tasks)]
     )
     rewards = RewardRecorder(inputs)
-    with GatedModel(inputs.model) as gm:
+    with GatedModel(inputs.model, granularity=inputs.cfg.granularity) as gm:
         callback = CDRFTCallback(inputs, gm, rewards, resume)
         trainer = GRPOTrainer(
             model=inputs.model,

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdscope.core.gate_sites import GATE_GRANULARITIES
 from cdscope.core.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, GRADIENT_ESTIMATORS
 from cdscope.errors import CdscopeError
 from cdscope.finite import COUNT_MAX, SEED_MAX
@@ -75,6 +76,11 @@ class TrainConfig:
         DEFAULT_ESTIMATOR,
         "--estimator",
         f"Regulariser gradient: {' | '.join(GRADIENT_ESTIMATORS)}.",
+    )
+    granularity: str = setting(
+        "sublayer",
+        "--granularity",
+        f"Gates whose C the regulariser shapes: {' | '.join(GATE_GRANULARITIES)}.",
     )
     probe_n: int = setting(3, "--probe-n", "Probe samples per family.")
     probe_files: tuple[str, ...] = ()
@@ -181,6 +187,11 @@ class TrainConfig:
         if self.estimator not in GRADIENT_ESTIMATORS:
             raise CdscopeError(
                 f"--estimator must be one of {', '.join(GRADIENT_ESTIMATORS)}; got {self.estimator!r}"
+            )
+        if self.granularity not in GATE_GRANULARITIES:
+            raise CdscopeError(
+                f"--granularity must be one of {', '.join(GATE_GRANULARITIES)}; "
+                f"got {self.granularity!r}"
             )
         if num_probe_families is not None:
             low = 100.0 / num_probe_families

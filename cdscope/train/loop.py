@@ -53,7 +53,7 @@ RESUME_FIXED = (
     "top_p", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "clip_eps", "beta",
     "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
     "template", "seed", "tasks", "probe_files", "micro_batch_size", "rollout_batch_size",
-    "probe_batch_size", "verify_timeout", "dtype", "attn", "backend",
+    "probe_batch_size", "verify_timeout", "dtype", "attn", "backend", "granularity",
 )  # fmt: skip
 
 
@@ -122,7 +122,10 @@ def train(
             "or choose another --out-dir"
         )
     end_step = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
-    with GatedModel(model) as gm, progress_bar(console, "live") as progress:
+    with (
+        GatedModel(model, granularity=cfg.granularity) as gm,
+        progress_bar(console, "live") as progress,
+    ):
         cd = CDRFTStep(cfg, gm, inputs.probe, params, lambda: latest_checkpoint_path(out_dir))
         bar = progress.add_task(
             f"train {cfg.regularizer}", total=cfg.steps, completed=start_step, live=""

@@ -103,6 +103,24 @@ def test_folded_proxy_converges_to_the_exact_gradient(model, probe_batch) -> Non
     assert (tiny.estimator, richardson.estimator) == ("folded", "folded-richardson")
 
 
+@pytest.mark.parametrize("granularity", ["head", "neuron"])
+def test_estimators_take_any_gate_set(model, probe_batch, granularity: str) -> None:
+    """CD-RFT at a finer granularity (issue 15, part 5): the estimators only see [B, K]
+    gates, so the folded and Richardson proxies converge to the exact gradient of R(C)
+    over head / neuron gates as they do over sublayer gates — and that gradient is not the
+    sublayer one (R of a different C)."""
+    with GatedModel(model, granularity=granularity) as gm:
+        assert gm.gate_set.K > 2 * 3  # 3 layers: more gates than the 6 writes
+        exact = exact_grad(gm, probe_batch)
+        folded = proxy_grad(gm, probe_batch, eps=1e-4, fold_normaliser=True)
+        richardson = proxy_grad(gm, probe_batch, eps=0.02, richardson=True)
+    with GatedModel(model) as gm:
+        sublayer = exact_grad(gm, probe_batch)
+    assert fidelity(folded, exact)["cosine"] >= 0.9999
+    assert fidelity(richardson, exact)["cosine"] >= 0.999
+    assert fidelity(sublayer, exact)["cosine"] < 0.99
+
+
 def test_folded_normaliser_is_the_exact_coefficient_times_the_mean_gradient(probe_batch) -> None:
     """folded - detached = sum_m -(W_m . C_m) / l_m * sum_o h_o grad l_m(1 + o Ŵ_m), with
     the pieces computed independently (grad l_m at each offset by its own backward)."""

@@ -128,6 +128,24 @@ def test_arms_share_rollouts_and_differ_only_by_regulariser(files, tmp_path: Pat
     assert cd.log["b_shared_after"].iloc[0] != none.log["b_shared_after"].iloc[0]
 
 
+def test_cdrft_at_head_granularity_regularises_head_level_b_shared(files, tmp_path: Path) -> None:
+    """``--granularity head`` (issue 15, part 5): the probe measurement the step logs is
+    B_shared of the head-level C (recomputed here from the first step's starting model),
+    the regulariser moves it, and the setting is fixed across --resume."""
+    model = tiny_model("llama", "sdpa")
+    with GatedModel(model, granularity="head") as gm:
+        pool = load_pool([files["pool"]])
+        probe = build_probe(pool, byte_tokenizer(), 0, 2, pool.families)
+        expected = b_shared(control_autograd(gm, probe).C)
+    head, _ = run(config(files, tmp_path / "head", steps=1, granularity="head"), model=model)
+    sub, _ = run(config(files, tmp_path / "sub", steps=1))
+    assert head.log["b_shared_before"].iloc[0] == pytest.approx(expected, rel=1e-6)
+    assert head.log["b_shared_before"].iloc[0] != sub.log["b_shared_before"].iloc[0]
+    assert head.log["b_shared_after"].iloc[0] != head.log["b_shared_before"].iloc[0]
+    with pytest.raises(CdscopeError, match="granularity"):
+        run(config(files, tmp_path / "head", steps=2, granularity="sublayer"), resume=True)
+
+
 def test_final_model_loads_in_bshared(files, tmp_path: Path) -> None:
     result, _ = run(config(files, tmp_path / "run", steps=2, regularizer="none"))
     assert (result.final_dir / "config.json").is_file()
@@ -187,6 +205,7 @@ def test_diverging_loss_stops_and_keeps_last_good_checkpoint(files, tmp_path, mo
         ({"prompts_per_step": -1}, "--prompts-per-step"),
         ({"regularizer": "l2"}, "--regularizer"),
         ({"eps": 1e-9, "dtype": "float32"}, "rounded away"),
+        ({"granularity": "edge"}, "--granularity must be one of sublayer, head"),
     ],
 )
 def test_bad_settings(files, tmp_path: Path, changes, message: str) -> None:

@@ -63,6 +63,7 @@ def train(
     eta_proj: Annotated[Float, _opt("eta_proj")] = None,
     eps: Annotated[Float, _opt("eps")] = None,
     estimator: Annotated[Str, _opt("estimator")] = None,
+    granularity: Annotated[Str, _opt("granularity")] = None,
     probe_n: Annotated[Int, _opt("probe_n")] = None,
     probe: ProbeOpt = None,
     template: Annotated[Str, _opt("template")] = None,

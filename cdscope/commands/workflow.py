@@ -19,7 +19,8 @@ from rich.console import Console
 from cdscope.core.batch import encode_probe, rows_per_forward
 from cdscope.core.control import ControlResult, control_autograd, control_finite_difference
 from cdscope.core.edge_control import EDGE_COLUMNS, EdgeGateSet, control_edges
-from cdscope.core.gates import GatedModel, GateSet
+from cdscope.core.gate_sites import GateSet
+from cdscope.core.gates import GatedModel
 from cdscope.core.models import LoadedModel
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.finite import NonFinite

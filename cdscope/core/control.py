@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from cdscope.core.batch import ProbeBatch, family_mean, mean_at_predicting_positions, row_chunks
-from cdscope.core.gates import GatedModel, GateSet, gate_dtype
+from cdscope.core.gate_sites import GateSet, gate_dtype
+from cdscope.core.gates import GatedModel
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
 from cdscope.finite import require_finite

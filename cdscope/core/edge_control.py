@@ -42,7 +42,7 @@ from cdscope.core.batch import ProbeBatch, family_mean, mean_at_predicting_posit
 from cdscope.core.control import ControlResult, frozen_parameters
 from cdscope.core.eap import EdgeHooks, edge_products
 from cdscope.core.eap_graph import EdgeGraph
-from cdscope.core.gates import GateSet, GateUnit
+from cdscope.core.gate_sites import GateSet, GateUnit
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.adapters import Architecture
 

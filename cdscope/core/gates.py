@@ -41,9 +41,7 @@ from cdscope.core.gate_sites import (
     Capture,
     GateSet,
     GateState,
-    GateUnit,
     WriteSite,
-    gate_dtype,
 )
 from cdscope.core.gate_units import unit_sites
 from cdscope.core.models.adapters import Architecture, architecture_of
@@ -114,6 +112,3 @@ class GatedModel:
             yield capture
         finally:
             self.state.gates, self.state.capture = None, None
-
-
-__all__ = ["Capture", "GateSet", "GateState", "GateUnit", "GatedModel", "gate_dtype"]

@@ -45,7 +45,8 @@ from torch import nn
 from cdscope.analysis.spectral import moment_ratio_torch, r_sensitivity_torch
 from cdscope.core.batch import ProbeBatch, row_chunks
 from cdscope.core.control import EPS0, ControlResult, control_autograd
-from cdscope.core.gates import GatedModel, gate_dtype
+from cdscope.core.gate_sites import gate_dtype
+from cdscope.core.gates import GatedModel
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
 from cdscope.core.regularizer_precision import check_realised_perturbation, check_step_resolution

@@ -17,7 +17,7 @@ window, so load drift between arms does not enter; ``--arms cdrft`` runs only th
 ``regulariser_%`` = (regulariser + projection seconds) / (rollout + backbone seconds) of
 the CD-RFT arm, i.e. what CD-RFT adds to a GRPO step that does not measure the probe.
 
-    .venv/bin/python benchmarks/bench_train.py [--steps 2] [--max-new-tokens 64] [--k-max 12]
+    .venv/bin/python benchmarks/bench_train.py [--steps 2] [--max-new-tokens 64] [--k-max 12] [--tau 70]
     .venv/bin/python benchmarks/bench_train.py --steps 1 --max-new-tokens 512   # reference length
 """
 
@@ -46,6 +46,10 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=defaults.group_size)
     parser.add_argument("--probe-n", type=int, default=3)
     parser.add_argument("--k-max", type=int, default=12)
+    parser.add_argument(
+        "--tau", type=float, default=defaults.tau,
+        help="B_shared threshold (%%) of the projection loop; lower it to time projection iterations",
+    )  # fmt: skip
     parser.add_argument("--arms", default="none,cdrft", help="none,cdrft or one of them")
     parser.add_argument("--estimator", default=defaults.estimator)
     parser.add_argument("--eps", type=float, default=defaults.eps)
@@ -66,7 +70,7 @@ def main() -> None:
                 cfg = TrainConfig(
                     out_dir=str(Path(tmp) / f"{arm}{repeat}"), steps=args.steps,
                     max_new_tokens=args.max_new_tokens, prompts_per_step=args.prompts_per_step,
-                    group_size=args.group_size, probe_n=args.probe_n, k_max=args.k_max,
+                    group_size=args.group_size, probe_n=args.probe_n, k_max=args.k_max, tau=args.tau,
                     estimator=args.estimator, eps=args.eps, regularizer=arm, save_every=10**6,
                 )  # fmt: skip
                 log = run_train(cfg, console=console).log
@@ -80,7 +84,8 @@ def main() -> None:
     table = Table(
         title=f"bench_train: {args.steps} steps x {args.repeats} repeats per arm, "
         f"{args.prompts_per_step}x{args.group_size} completions, {args.max_new_tokens} new "
-        f"tokens, probe n={args.probe_n}, {args.estimator} eps={args.eps:g} (medians)"
+        f"tokens, probe n={args.probe_n}, {args.estimator} eps={args.eps:g}, tau={args.tau:g} "
+        "(medians)"
     )
     table.add_column("arm")
     for part in [*PARTS, "completion_tokens"]:

@@ -66,6 +66,29 @@ def nan_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def nan_head_model_dir(tmp_path_factory) -> Path:
+    """Finite hidden states, NaN logits: only the LM head is NaN (caught by the load proof)."""
+    model = tiny_model("llama")
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(torch.full_like(model.lm_head.weight, float("nan")))
+    return save(model, tmp_path_factory.mktemp("nan-head-model"))
+
+
+@pytest.fixture(scope="module")
+def nan_text_model_dir(tmp_path_factory) -> Path:
+    """NaN embeddings for every token except the few the load-time proof feeds the model:
+    loading and the proof pass, and the first NaN appears in a measured quantity."""
+    from cdscope.core.models.discovery import probe_ids
+
+    model = tiny_model("llama")
+    keep = set(probe_ids(model, torch.device("cpu")).flatten().tolist())
+    with torch.no_grad():
+        for token in set(range(model.config.vocab_size)) - keep:
+            model.get_input_embeddings().weight[token] = float("nan")
+    return save(model, tmp_path_factory.mktemp("nan-text-model"))
+
+
+@pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory) -> Path:
     return save(tiny_model("gpt2"), tmp_path_factory.mktemp("gpt2"))  # 128 learned positions
 
@@ -430,3 +453,23 @@ def test_corrupt_pandas_metadata_is_one_line(tmp_path) -> None:
     pq.write_table(table.replace_schema_metadata(meta), path)
     with pytest.raises(CdscopeError, match="is not a readable Parquet file"):
         read_parquet(path)
+
+
+def test_nan_logits_are_refused_at_load_not_misreported(nan_head_model_dir, pool_file, tmp_path):
+    """NaN != NaN: the unit-gate identity check must not call NaN logits a broken hook."""
+    line = refused(invoke("probe", "-m", nan_head_model_dir, "-p", pool_file, "--seeds", 1,
+                          "--n", 1, "-o", tmp_path / "p.parquet"), "non-finite logits")  # fmt: skip
+    assert "not an identity" not in line and "LM head" in line
+
+
+@pytest.mark.parametrize("granularity", ["sublayer", "head", "neuron", "edge"])
+def test_nan_control_is_refused_at_every_granularity(
+    nan_text_model_dir, pool_file, tmp_path, granularity
+) -> None:
+    """The finite check on a measured C is shared by every gate set: a NaN l_m stops the
+    probe with one line naming the quantity, and no output file is left."""
+    out = tmp_path / "out" / "p.parquet"
+    args = ["-p", pool_file, "--seeds", 1, "--n", 1, "--granularity", granularity, "-o", out]
+    line = refused(invoke("probe", "-m", nan_text_model_dir, *args), "non-finite")
+    assert "is NaN" in line, line
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]

@@ -85,6 +85,13 @@ def test_bshared_from_reuses_the_probe_file_without_a_model(two_models, pool, tm
         "bshared", "--from", tmp_path / "b.probe.parquet", "--n", 3, "-o", tmp_path / "x.parquet"
     )
     assert wrong.exit_code == 2 and "measured with n=2" in wrong.output
+    finer = invoke(
+        "bshared", "--from", tmp_path / "b.probe.parquet", "--granularity", "head",
+        "-o", tmp_path / "h.parquet",
+    )  # fmt: skip
+    assert finer.exit_code == 2, finer.output
+    assert "measured with granularity='sublayer' but --granularity head" in finer.output
+    assert not (tmp_path / "h.parquet").exists()
     schema = invoke("bshared", "--from", out, "-o", tmp_path / "y.parquet")
     assert schema.exit_code == 2 and "not a probe file" in schema.output
 

@@ -13,6 +13,8 @@ the hooks ``cdscope.core.gates.GatedModel`` installs at sublayer granularity):
    input bit for bit — nothing else writes to the stream between or inside blocks.
 
 A failure raises ``CdscopeError`` naming the layer, the check and the size of the error.
+Non-finite ungated logits (finite hidden states, NaN/inf head) are refused before check 1,
+which would otherwise report NaN != NaN as a gate hook that is not an identity.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
     sites = [
         WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(arch.write_modules(model))
     ]
+    if not torch.isfinite(reference).all():  # NaN != NaN: the identity check would misreport
+        raise CdscopeError(
+            f"{name}: non-finite logits in the probe forward although every hidden state is "
+            "finite (NaN/inf weights in the final norm or LM head?): the gates cannot be proven"
+        )
     logits, ios, outs = _gated_forward(model, arch, sites, ids, 1.0)
     if not torch.equal(logits, reference):
         err = (logits.double() - reference.double()).abs().max().item()

@@ -74,6 +74,34 @@ class ControlResult:
             for name, values in (("l_m", self.ell), ("dl_m/dg", self.dl_dg[:, cols]), ("F", self.F))
         )
 
+    @classmethod
+    def from_rows(
+        cls,
+        batch: ProbeBatch,
+        gate_set: GateSet,
+        estimator: str,
+        row_logp: torch.Tensor,
+        row_dlogp: torch.Tensor,
+        row_F: torch.Tensor,  # noqa: N803 - SPEC symbol
+        dl_dg: torch.Tensor | None = None,
+        measured: tuple[int, ...] | None = None,
+    ) -> ControlResult:
+        """The result of per-sample CPU float64 rows ``[B]``, ``[B, K]``, ``[B, K]``: l_m, F
+        (and dl_m/dg unless an estimator measured it per family) are the family means."""
+        return cls(
+            batch.families,
+            gate_set,
+            family_mean(row_logp, batch).numpy(),
+            (family_mean(row_dlogp, batch) if dl_dg is None else dl_dg).numpy(),
+            family_mean(row_F, batch).numpy(),
+            estimator,
+            batch.row_family.cpu().numpy(),
+            row_logp.numpy(),
+            row_dlogp.numpy(),
+            row_F.numpy(),
+            measured,
+        )
+
     @property
     def dropped(self) -> list[str]:
         """Families whose |l_m| < eps0 (not normalisable, excluded from C)."""
@@ -133,19 +161,10 @@ def control_autograd(
             row_F[rows] = (
                 mean_at_predicting_positions(capture.stacked(K), batch, rows).double().cpu()
             )
-    ell = family_mean(row_logp, batch)
     dl_dg = torch.zeros(batch.M, K, dtype=torch.float64).index_add_(0, batch.row_family, row_grad)
-    return ControlResult(
-        batch.families,
-        gm.gate_set,
-        ell.numpy(),
-        dl_dg.numpy(),
-        family_mean(row_F, batch).numpy(),
-        "autograd",
-        batch.row_family.cpu().numpy(),
-        row_logp.numpy(),
-        (row_grad / weights[:, None]).numpy(),  # undo the 1/n_m weight: d log pi_b / d g
-        row_F.numpy(),
+    row_dlogp = row_grad / weights[:, None]  # undo the 1/n_m weight: d log pi_b / d g
+    return ControlResult.from_rows(
+        batch, gm.gate_set, "autograd", row_logp, row_dlogp, row_F, dl_dg=dl_dg
     )
 
 
@@ -221,16 +240,7 @@ def control_finite_difference(
             ) as cap:
                 row_logp[rows] = row_target_logprobs(gm.model, batch, rows).double().cpu()
             row_F[rows] = mean_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
-    return ControlResult(
-        batch.families,
-        gm.gate_set,
-        family_mean(row_logp, batch).numpy(),
-        dl_dg.numpy(),
-        family_mean(row_F, batch).numpy(),
-        "fd",
-        batch.row_family.cpu().numpy(),
-        row_logp.numpy(),
-        row_dlogp.numpy(),
-        row_F.numpy(),
-        None if gates is None else tuple(int(k) for k in columns),
+    measured = None if gates is None else tuple(int(k) for k in columns)
+    return ControlResult.from_rows(
+        batch, gm.gate_set, "fd", row_logp, row_dlogp, row_F, dl_dg=dl_dg, measured=measured
     )

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cdscope.core.batch import ProbeBatch, family_mean, mean_at_predicting_positions, row_chunks
+from cdscope.core.batch import ProbeBatch, mean_at_predicting_positions, row_chunks
 from cdscope.core.control import ControlResult, frozen_parameters
 from cdscope.core.eap import EdgeHooks, edge_products
 from cdscope.core.eap_graph import EdgeGraph
@@ -111,15 +111,4 @@ def control_edges(
             )
             node_F = mean_at_predicting_positions(norms, batch, rows).double().cpu()
             row_F[rows] = node_F[:, graph.edge_up]
-    return ControlResult(
-        batch.families,
-        gate_set,
-        family_mean(row_logp, batch).numpy(),
-        family_mean(row_dlogp, batch).numpy(),
-        family_mean(row_F, batch).numpy(),
-        "autograd",
-        batch.row_family.cpu().numpy(),
-        row_logp.numpy(),
-        row_dlogp.numpy(),
-        row_F.numpy(),
-    )
+    return ControlResult.from_rows(batch, gate_set, "autograd", row_logp, row_dlogp, row_F)

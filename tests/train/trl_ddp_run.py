@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: 
 
 from cdscope.commands.train import prepare  # noqa: E402
 from cdscope.integrations.trl import train_with_trl  # noqa: E402
-from tests.helpers import (  # noqa: E402  # noqa: E402
+from tests.helpers import (  # noqa: E402
     byte_tokenizer,
     config,
     parity_reward,

@@ -28,6 +28,7 @@ from torch import nn
 from cdscope.core.gate_sites import GateState, WriteSite, gate_dtype
 from cdscope.core.models import discovery as d
 from cdscope.errors import CdscopeError
+from cdscope.finite import require_finite
 from cdscope.hooks import HookSet, first_tensor
 
 
@@ -102,11 +103,11 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
     sites = [
         WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(arch.write_modules(model))
     ]
-    if not torch.isfinite(reference).all():  # NaN != NaN: the identity check would misreport
-        raise CdscopeError(
-            f"{name}: non-finite logits in the probe forward although every hidden state is "
-            "finite (NaN/inf weights in the final norm or LM head?): the gates cannot be proven"
-        )
+    require_finite(  # before check 1, which would report NaN != NaN as a broken hook
+        [(f"{name}: the ungated probe forward's logits", reference)],
+        hint="non-finite logits although every hidden state is finite (NaN/inf weights in "
+        "the final norm or LM head?): the gates cannot be proven",
+    )
     logits, ios, outs = _gated_forward(model, arch, sites, ids, 1.0)
     if not torch.equal(logits, reference):
         err = (logits.double() - reference.double()).abs().max().item()

@@ -32,8 +32,11 @@ import pandas as pd
 
 from cdscope.analysis.noise import gram_measures, unbiased_gram
 
-#: (families, C, F) -> {name: value}; the audit engine's measure functions
-MeasureFn = Callable[[list[str], np.ndarray, np.ndarray], dict[str, float]]
+#: a measure's name, (name, family) for a measure of one family, or (name, family,
+#: family_b) for one of a pair (the audit tables' tidy columns)
+MeasureKey = str | tuple[str, ...]
+#: (families, C, F) -> {key: value}; the audit engine's measure functions
+MeasureFn = Callable[[list[str], np.ndarray, np.ndarray], dict[MeasureKey, float]]
 
 CORRECTED = {
     "B_shared": "B_shared_C_unbiased",
@@ -100,7 +103,7 @@ def bootstrap_intervals(
     B: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-) -> dict[str, tuple[float, float]]:
+) -> dict[MeasureKey, tuple[float, float]]:
     """Percentile-bootstrap interval of every measure over resampled probe samples (module doc).
 
     Returns {measure: (low, high)} for ``measures``' outputs and the ``corrected`` names.
@@ -113,7 +116,7 @@ def bootstrap_intervals(
     indices = [rng.integers(0, len(s.logp), size=(B, len(s.logp))) for s in sets]
     K = sets[0].dlogp.shape[1]  # noqa: N806
     chunk = max(1, _CHUNK_ELEMENTS // (K * sum(len(s.logp) + 2 for s in sets)))
-    draws: dict[str, list[float]] = {}
+    draws: dict[MeasureKey, list[float]] = {}
     for first in range(0, B, chunk):
         C, F, cs = _resampled(sets, [idx[first : first + chunk] for idx in indices])
         for b in range(C.shape[0]):

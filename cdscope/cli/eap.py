@@ -120,7 +120,7 @@ def eap_info(
         check_plot_path(plot)
     result = run_eap_info(model, baseline, load_pool(probe), settings, options, err_console)
     if plot is not None:  # first: a failing figure leaves no Parquet behind
-        from cdscope.output.plots import plot_eap
+        from cdscope.output.plots_eap import plot_eap
 
         plot_eap(plot, result.graph, result.edges, result.per_sample, result.summary)
     outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})

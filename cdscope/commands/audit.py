@@ -11,6 +11,12 @@ Outputs: ``OUT`` (one row per model x seed x measure), ``OUT.summary.parquet`` (
 and paired rows) and, when models were measured, ``OUT.probe.parquet`` (the raw probe
 frame, reusable with ``--from`` and ``--resume``).
 
+The tables are tidy (docs/api.md): a measure of one family (PR, top1%) names it in
+``family``, a measure of a family pair (abs_cos) in ``family`` and ``family_b``, and
+``value_unit`` says what ``value`` (and ``mean``, ``se``, ...) is in: ``fraction`` for every
+measure but the participation ratio, which is a number of ``gates`` (SPEC §3). ``per_seed_frame``
+is the one place the rows are built.
+
 Additions that leave the plain, paper-comparable numbers unchanged (docs/bshared.md):
 per (model, seed) the noise-corrected measures (``*_unbiased``, ``noise.unbiased_gram``)
 and a bootstrap interval over probe samples for every measure (``ci_low``/``ci_high``);
@@ -33,6 +39,7 @@ from cdscope.analysis import spectral
 from cdscope.analysis.stats import mean_se, paired_difference, seeds_needed
 from cdscope.analysis.uncertainty import (
     MeasureFn,
+    MeasureKey,
     bootstrap_intervals,
     corrected_measures,
     direction_stability,
@@ -48,6 +55,7 @@ from cdscope.output.frames import (
     control_matrices,
     sample_sets,
 )
+from cdscope.output.notebook import audit_html, audit_repr
 
 
 def bshared_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
@@ -63,19 +71,45 @@ def acg_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str,
 TOP_FRACTION = 0.01
 
 
-def decompose_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
-    values = {
+def decompose_measures(
+    families: list[str], C: np.ndarray, F: np.ndarray  # noqa: N803
+) -> dict[MeasureKey, float]:
+    values: dict[MeasureKey, float] = {
         "B_shared_C": float(spectral.b_shared(C)),
         "B_dir": float(spectral.b_dir(C)),
         "B_norm": float(spectral.b_norm(C)),
     }
     for a, b, cos in spectral.pairwise_abs_cos(C, families):
-        values[f"abs_cos[{a}|{b}]"] = cos
+        values["abs_cos", a, b] = cos
     for family, pr in zip(families, spectral.participation_ratio(C), strict=True):
-        values[f"PR[{family}]"] = float(pr)
+        values["PR", family] = float(pr)
     for family, share in zip(families, spectral.top_share(C, TOP_FRACTION), strict=True):
-        values[f"top1%[{family}]"] = float(share)  # the mass curve at 1 % of the gates
+        values["top1%", family] = float(share)  # the mass curve at 1 % of the gates
     return values
+
+
+#: what a measure's values are in: every audit measure is a fraction (a share of a trace
+#: or of sum |C|, a cosine, or a difference of shares) but the participation ratio, a
+#: number of gates in [1, K] (SPEC §3)
+UNITS = {"PR": "gates"}
+#: the columns that name one measured quantity in every audit table
+MEASURE_COLUMNS = ["measure", "family", "family_b", "value_unit"]
+PER_SEED_COLUMNS = ["model", "seed", *MEASURE_COLUMNS, "value", "ci_low", "ci_high"]
+
+
+def measure_columns(key: MeasureKey) -> dict[str, str | None]:
+    """A measure function's key -> the tidy columns: ``"B_dir"``, ``("PR", family)`` or
+    ``("abs_cos", family, family_b)``."""
+    name, family, family_b = (key, None, None) if isinstance(key, str) else (*key, None)[:3]
+    return {"measure": name, "family": family, "family_b": family_b,
+            "value_unit": UNITS.get(name, "fraction")}  # fmt: skip
+
+
+def _measure_groups(frame: pd.DataFrame, by: list[str]):  # noqa: ANN202
+    """``frame.groupby(by + MEASURE_COLUMNS)`` keeping the rows whose family is None,
+    each key with None (not NaN) for an absent family."""
+    for key, group in frame.groupby(by + MEASURE_COLUMNS, sort=False, dropna=False):
+        yield tuple(None if isinstance(k, float) and k != k else k for k in key), group
 
 
 @dataclass(frozen=True)
@@ -83,7 +117,7 @@ class AuditSpec:
     command: str
     measures: MeasureFn
     headline: str  # the measure --fail-above and plots look at first
-    k_dependent_prefixes: tuple[str, ...] = ()  # measures whose scale depends on K
+    k_dependent: tuple[str, ...] = ()  # measures whose scale depends on K
     corrected: tuple[str, ...] = ()  # noise-corrected measures added (uncertainty.CORRECTED)
 
 
@@ -99,7 +133,7 @@ AUDITS = {
         "decompose",
         decompose_measures,
         "B_shared_C",
-        ("PR[", "top1%["),
+        ("PR", "top1%"),
         ("B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"),
     ),
 }
@@ -113,16 +147,26 @@ class AuditResult:
     """One audit's tables, each in the schema of the Parquet file the CLI writes."""
 
     command: str  # bshared | acg | decompose
-    per_seed: pd.DataFrame  # model, seed, measure, value, ci_low, ci_high (bootstrap)
-    summary: pd.DataFrame  # model, measure, n_seeds, mean, se
-    paired: (
-        pd.DataFrame
-    )  # model, reference, measure, n, mean, se, n_negative, ci_*, sd, seeds_needed
+    # the tidy tables (module doc): the measure in measure / family / family_b / value_unit
+    per_seed: pd.DataFrame  # model, seed, <measure>, value, ci_low, ci_high (bootstrap)
+    summary: pd.DataFrame  # model, <measure>, n_seeds, mean, se
+    paired: pd.DataFrame  # model, reference, <measure>, n, mean, se, n_negative, ci_*, sd, ...
     metadata: dict
     probe_frame: pd.DataFrame
     skipped_pairs: list[str]
     convergence: pd.DataFrame  # model, seed, angle_deg, dk_bound_deg, eigengap, gate_angle_deg
     notes: list[str]
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The result's tables by attribute name."""
+        names = ("summary", "paired", "per_seed", "convergence", "probe_frame")
+        return {name: getattr(self, name) for name in names}
+
+    def __repr__(self) -> str:  # print(result): the headline per model, not 60 lines
+        return audit_repr(self.command, AUDITS[self.command].headline, self.tables())
+
+    def _repr_html_(self) -> str:
+        return audit_html(self.command, AUDITS[self.command].headline, self.tables())
 
 
 def sibling(out: Path, suffix: str) -> Path:
@@ -167,13 +211,13 @@ def per_seed_frame(
                 intervals = bootstrap_intervals(
                     families, sets, spec.measures, spec.corrected, bootstrap, int(seed)
                 )
-        for name, value in values.items():
-            lo, hi = intervals.get(name, (np.nan, np.nan))
+        for key, value in values.items():
+            lo, hi = intervals.get(key, (np.nan, np.nan))
             rows.append(
-                {"model": model, "seed": int(seed), "measure": name, "value": value,
+                {"model": model, "seed": int(seed), **measure_columns(key), "value": value,
                  "ci_low": lo, "ci_high": hi}
             )  # fmt: skip
-    return pd.DataFrame(rows, columns=["model", "seed", "measure", "value", "ci_low", "ci_high"])
+    return pd.DataFrame(rows, columns=PER_SEED_COLUMNS)
 
 
 def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:
@@ -194,12 +238,13 @@ def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:
 def summarize(per_seed: pd.DataFrame) -> pd.DataFrame:
     """Mean ± SE over seeds per (model, measure) (SPEC §4)."""
     rows = []
-    for (model, measure), group in per_seed.groupby(["model", "measure"], sort=False):
+    for key, group in _measure_groups(per_seed, ["model"]):
         mean, se = mean_se(group["value"].to_numpy())
         rows.append(
-            {"model": model, "measure": measure, "n_seeds": len(group), "mean": mean, "se": se}
-        )
-    return pd.DataFrame(rows, columns=["model", "measure", "n_seeds", "mean", "se"])
+            {**dict(zip(["model", *MEASURE_COLUMNS], key, strict=True)), "n_seeds": len(group),
+             "mean": mean, "se": se}
+        )  # fmt: skip
+    return pd.DataFrame(rows, columns=["model", *MEASURE_COLUMNS, "n_seeds", "mean", "se"])
 
 
 def paired_against_reference(
@@ -214,7 +259,7 @@ def paired_against_reference(
     columns = [
         "model",
         "reference",
-        "measure",
+        *MEASURE_COLUMNS,
         "n",
         "mean",
         "se",
@@ -227,12 +272,14 @@ def paired_against_reference(
     if len(models) < 2:
         return pd.DataFrame(columns=columns)
     reference, rows = models[0], []
-    wide = per_seed.pivot_table(index=["measure", "seed"], columns="model", values="value")
     for model in models[1:]:
-        for measure in per_seed["measure"].unique():
-            if skip(model, measure):
+        for key, group in _measure_groups(per_seed, []):
+            if skip(model, key[0]):
                 continue
-            pairs = wide.loc[measure][[model, reference]].dropna()
+            wide = group.pivot(index="seed", columns="model", values="value")
+            if model not in wide or reference not in wide:
+                continue
+            pairs = wide[[model, reference]].dropna()
             if pairs.empty:
                 continue
             diff = paired_difference(pairs[model].to_numpy(), pairs[reference].to_numpy())
@@ -241,7 +288,7 @@ def paired_against_reference(
                 {
                     "model": model,
                     "reference": reference,
-                    "measure": measure,
+                    **dict(zip(MEASURE_COLUMNS, key, strict=True)),
                     "n": diff.n,
                     "mean": diff.mean,
                     "se": diff.se,
@@ -337,7 +384,7 @@ def evaluate_audit(
 
     def skip(model: str, measure: str) -> bool:
         differs = ks.get(model) != ks.get(models[0])
-        if differs and measure.startswith(spec.k_dependent_prefixes or ("\0",)):
+        if differs and measure in spec.k_dependent:
             skipped.append(
                 f"{measure} ({model} K={ks.get(model)} vs {models[0]} K={ks.get(models[0])})"
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -31,6 +32,16 @@ class RandomReferenceResult:
         """One row per trial (``trial``, ``B_shared``): the schema of the CLI's Parquet."""
         ref = self.reference
         return pd.DataFrame({"trial": range(ref.trials), "B_shared": ref.samples})
+
+    def __repr__(self) -> str:
+        from cdscope.output.notebook import reference_repr
+
+        return reference_repr(self.stats)
+
+    def _repr_html_(self) -> str:
+        from cdscope.output.notebook import reference_html
+
+        return reference_html(self.stats)
 
 
 def random_reference_result(
@@ -116,14 +127,18 @@ def run_random_reference(
     return result, target
 
 
-def draw_random_reference(path: object, result: RandomReferenceResult) -> None:
-    """The histogram with 1/M, p95, p99 and the measured value (``--plot``)."""
-    from cdscope.output.plots import plot_random_reference
+def draw_random_reference(path: Path | None, result: RandomReferenceResult, ax: Any = None) -> Any:
+    """The histogram with 1/M, p95, p99 and the measured value (``--plot``): the Figure,
+    written to ``path`` when given; ``ax``: drawn on the caller's Axes."""
+    from cdscope.output.plots import random_reference_figure, save_figure
 
     ref, stats = result.reference, result.stats
-    plot_random_reference(
-        path, ref.samples, ref.M, ref.K, ref.p95, ref.p99, stats["value"], stats["percentile"]
+    fig = random_reference_figure(
+        ref.samples, ref.M, ref.K, ref.p95, ref.p99, stats["value"], stats["percentile"], ax
     )
+    if path is not None:
+        save_figure(fig, path)
+    return fig
 
 
 def model_gate_count(spec: str, granularity: str = "sublayer") -> int:

@@ -71,52 +71,6 @@ def parse_max_new_tokens(text: str | None) -> dict[str, int]:
     return out
 
 
-def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
-    """One row per (scope, model): each domain's benchmarks, then the domain mean, then
-    overall (and the same for the hard subset); one column per k, in percent."""
-    models = models or list(dict.fromkeys(passk["model"]))
-    ks = sorted(passk["k"].unique())
-    table = VerbatimTable(title="pass@k (%, unbiased estimator)", title_justify="left")
-    table.add_column("scope", no_wrap=True)
-    if len(models) > 1:
-        table.add_column("model", no_wrap=True)
-    table.add_column("problems", justify="right")
-    for k in ks:
-        table.add_column(f"pass@{k}", justify="right")
-    wide = passk.pivot_table(
-        index=["subset", "level", "domain", "benchmark", "model"],
-        columns="k",
-        values="pass_at_k",
-        aggfunc="first",
-    )
-    problems = passk.groupby(["subset", "level", "domain", "benchmark", "model"])["problems"].max()
-    for subset in [s for s in ("all", "hard") if s in set(passk["subset"])]:
-        rows = passk[passk["subset"] == subset]
-        order = []
-        for domain in sorted(set(rows.loc[rows["level"] == "domain", "domain"])):
-            benches = sorted(
-                set(
-                    rows.loc[
-                        (rows["level"] == "benchmark") & (rows["domain"] == domain), "benchmark"
-                    ]
-                )
-            )
-            order += [("benchmark", domain, b) for b in benches] + [("domain", domain, "")]
-        order.append(("overall", "", ""))
-        prefix = "hard: " if subset == "hard" else ""
-        for level, domain, bench in order:
-            scope = bench if level == "benchmark" else (f"{domain} (mean)" if domain else "overall")
-            for model in models:
-                key = (subset, level, domain, bench, model)
-                if key not in wide.index:
-                    continue
-                cells = [f"{100 * wide.loc[key, k]:.1f}" for k in ks]
-                head = [prefix + scope] + ([model] if len(models) > 1 else [])
-                style = None if level == "benchmark" else "bold"
-                table.add_row(*head, str(int(problems[key])), *cells, style=style)
-    return table
-
-
 def stats_table(stats: pd.DataFrame) -> Table:
     table = VerbatimTable(title="generation and verification", title_justify="left")
     for name in (
@@ -315,6 +269,8 @@ def eval_command(
         outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
         print_json("eval", tables, outputs=outputs)
     else:
+        from cdscope.output.render_runs import passk_table
+
         out_console.print(passk_table(result.passk, list(dict.fromkeys(models_or_embedded(model)))))
         out_console.print(stats_table(result.stats))
     if plot is not None:

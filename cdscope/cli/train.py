@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -18,10 +18,6 @@ from cdscope.cli.common import (
 )
 from cdscope.messages import wrote
 from cdscope.train.config import cli_fields
-
-if TYPE_CHECKING:
-    import pandas as pd
-    from rich.table import Table
 
 
 def _opt(name: str) -> Any:
@@ -87,6 +83,7 @@ def train(
         ),
     ] = None,
     backend: Annotated[Str, _opt("backend")] = None,
+    report_to: Annotated[Str, _opt("report_to")] = None,
     trl_arg: Annotated[
         list[str] | None,
         typer.Option(
@@ -130,6 +127,8 @@ def train(
             outputs["final"] = str(result.final_dir)
         print_json("train", {"log": result.log}, outputs=outputs)
     else:
+        from cdscope.output.render_runs import train_table
+
         out_console.print(train_table(result.log, cfg.regularizer))
     wrote(err_console, str(result.out_dir / "log.parquet"))
     if result.final_dir is not None:
@@ -152,26 +151,3 @@ def _key_values(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.strip()] = raw
     return out
-
-
-def train_table(log: pd.DataFrame, arm: str) -> Table:
-    """One row per step: rewards, loss, B_shared / R on the probe before -> after, timings."""
-    from cdscope.messages import VerbatimTable
-
-    table = VerbatimTable(title=f"cdscope train ({arm})")
-    rewards = [c for c in log.columns if c.startswith("reward_")]
-    for name in ["step", "reward", *rewards, "loss", "B_shared %", "R %", "proj", "seconds"]:
-        table.add_column(name, justify="right")
-    for row in log.itertuples(index=False):
-        r = row._asdict()
-        table.add_row(
-            str(r["step"]),
-            f"{r['reward']:.3f}",
-            *[f"{r[c]:.3f}" for c in rewards],
-            f"{r['loss']:+.4f}",
-            f"{100 * r['b_shared_before']:.2f} -> {100 * r['b_shared_after']:.2f}",
-            f"{100 * r['r_before']:.2f} -> {100 * r['r_after']:.2f}",
-            str(r["proj_iters"]),
-            f"{r['step_s']:.1f}",
-        )
-    return table

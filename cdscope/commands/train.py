@@ -26,6 +26,7 @@ from cdscope.tasks.format import Task, default_task_paths, load_tasks
 from cdscope.train.config import TrainConfig
 from cdscope.train.loop import train
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult
+from cdscope.train.tracking import require_tracker
 
 
 def load_training_tasks(cfg: TrainConfig) -> list[Task]:
@@ -145,6 +146,7 @@ def run_train(
         from cdscope.integrations.trl import require_trl
 
         require_trl()
+    require_tracker(cfg.report_to)  # --report-to: the tracker's package, before the model
     inputs = prepare(cfg, console, model, tokenizer, reward_fn)
     if cfg.backend == "trl":
         from cdscope.integrations.trl import train_with_trl

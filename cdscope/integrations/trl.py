@@ -15,7 +15,9 @@ as the hf loop, in the same order:
 * ``on_optimizer_step`` — right after ``optimizer.step()``: ``CDRFTStep.after_update``
   (the projection loop while B_shared > tau and fewer than K_max iterations);
 * ``on_log`` — TRL's per-step metrics (loss, KL, gradient norm) and the reward columns
-  with ``CDRFTStep.log_fields`` into ``OUT/log.parquet`` (atomic writes).
+  with ``CDRFTStep.log_fields`` into ``OUT/log.parquet`` (atomic writes), and the same
+  fields into TRL's log call, so ``--report-to`` (TRL's ``report_to``) trackers get them
+  (``train.tracking``; this callback runs before the trackers' callbacks, ``run_first``).
 
 ``tests/train/test_cdrft_parity.py`` checks that one step through TRL and one through the hf
 loop, from the same weights on the same rollouts, give the same parameters. Under DDP
@@ -48,6 +50,7 @@ from cdscope.messages import dim, make_console
 from cdscope.tasks.format import Task
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
+from cdscope.train.tracking import cdscope_fields
 
 try:  # optional extra: pip install 'cdscope[trl]'
     from transformers import PrinterCallback, TrainerCallback
@@ -115,12 +118,24 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         row.update(self.cdrft.log_fields(), step_s=self.step_s)
         self.rows.append(row)
         self.pending = None
+        # --report-to: the row's fields join TRL's in this log call, which the tracker
+        # callbacks (after this one: run_first) send to TRL's report_to
+        logs.update({k: v for k, v in cdscope_fields(row).items() if k not in logs})
         if state.is_world_process_zero:  # every rank holds the same rows; one writes them
             write_parquet(
                 pd.DataFrame(self.rows),
                 Path(self.inputs.cfg.out_dir) / LOG_NAME,
                 self.inputs.metadata,
             )
+
+
+def run_first(trainer: Any, callback: Any) -> None:
+    """Put ``callback`` before the Trainer's tracker callbacks (which ``report_to`` puts
+    ahead of the callbacks a user passes): its ``on_log`` adds the log row's fields to the
+    ``logs`` dict the trackers then send."""
+    callbacks = trainer.callback_handler.callbacks
+    callbacks.remove(callback)
+    callbacks.insert(0, callback)
 
 
 def last_checkpoint(trl_dir: Path) -> Path | None:
@@ -196,7 +211,7 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         seed=cfg.seed,
         logging_steps=1,
         save_steps=cfg.save_every,
-        report_to="none",
+        report_to=cfg.report_to,  # TRL's own trackers (train/tracking.py)
         use_cpu=device == "cpu",
         bf16=False,
         # TRL turns activation checkpointing on by default; the probe's gate-gradient
@@ -204,6 +219,11 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         gradient_checkpointing=False,
         disable_tqdm=True,
     )
+    if "report_to" in overrides:
+        raise CdscopeError(
+            "give the tracker with --report-to (it reaches TRL's report_to and adds the log's "
+            "fields), not --trl-arg report_to"
+        )
     if overrides.get("gradient_checkpointing"):
         raise CdscopeError(
             "--trl-arg gradient_checkpointing=true: the probe's gate-gradient backward cannot "
@@ -275,6 +295,7 @@ def train_with_trl(
             rollout_func=rollout_func,
         )
         refuse_sharded_engines(trainer)
+        run_first(trainer, callback)
         trainer.remove_callback(PrinterCallback)  # the per-step table goes to the log instead
         dim(console, f"TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}")
         trainer.train(resume_from_checkpoint=True if resume else None)

@@ -29,6 +29,7 @@ from cdscope.resources import EMBEDDED_NAME
 
 REGULARIZERS = ("none", "cdrft")
 BACKENDS = ("hf", "trl")
+REPORT_TO = ("none", "tensorboard", "trackio", "wandb")  # train/tracking.py
 
 
 def setting(default: Any, flag: str, help: str) -> Any:  # noqa: A002
@@ -104,6 +105,12 @@ class TrainConfig:
     )
     attn: str = "auto"
     backend: str = setting("hf", "--backend", "hf (built-in loop) | trl (GRPOTrainer).")
+    report_to: str = setting(
+        "none",
+        "--report-to",
+        f"Experiment tracker of the per-step log: {' | '.join(REPORT_TO)} (with --backend trl, "
+        "TRL's own report_to; docs/train.md).",
+    )
     preset: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -183,6 +190,10 @@ class TrainConfig:
         if self.backend not in BACKENDS:
             raise CdscopeError(
                 f"--backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
+            )
+        if self.report_to not in REPORT_TO:
+            raise CdscopeError(
+                f"--report-to must be one of {' | '.join(REPORT_TO)}; got {self.report_to!r}"
             )
         if self.estimator not in GRADIENT_ESTIMATORS:
             raise CdscopeError(

@@ -17,7 +17,8 @@ One step t (both arms identical except where marked):
 7. ``CDRFTStep.after_update``: the probe measurement after the update; [cdrft] the
    projection loop while B_shared > tau and fewer than K_max iterations;
 8. the log row (``CDRFTStep.log_fields`` + the backbone's columns), written atomically
-   to ``OUT/log.parquet``; a checkpoint every ``save_every`` steps and at the end.
+   to ``OUT/log.parquet`` and sent to the ``--report-to`` tracker (``train.tracking``); a
+   checkpoint every ``save_every`` steps and at the end.
 
 Steps 5 and 7 are the same object the TRL backend's callback drives
 (``integrations.trl``); ``tests/train/test_cdrft_parity.py`` checks both take the same step.
@@ -46,6 +47,7 @@ from cdscope.train.config import TrainConfig
 from cdscope.train.grpo import backbone_backward, group_advantages
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
+from cdscope.train.tracking import tracking
 
 #: settings that must match the checkpoint for ``--resume`` to continue the same run
 RESUME_FIXED = (
@@ -125,6 +127,7 @@ def train(
     with (
         GatedModel(model, granularity=cfg.granularity) as gm,
         progress_bar(console, "live") as progress,
+        tracking(cfg, start_step) as track,  # --report-to: the log rows, also to a tracker
     ):
         cd = CDRFTStep(cfg, gm, inputs.probe, params, lambda: latest_checkpoint_path(out_dir))
         bar = progress.add_task(
@@ -140,6 +143,7 @@ def train(
             row = _one_step(inputs, cd, optimizer, scheduler, step, status)
             log_rows.append(row)
             write_parquet(pd.DataFrame(log_rows), out_dir / LOG_NAME, inputs.metadata)
+            track(row)
             done = step + 1
             if done % cfg.save_every == 0 or done == cfg.steps or done == end_step:
                 save_checkpoint(out_dir, done, model, optimizer, scheduler, cfg.to_dict(), log_rows)

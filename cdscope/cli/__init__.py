@@ -14,6 +14,7 @@ from cdscope.cli import (  # noqa: F401 - registers the commands
     inspect,
     measure,
     nsweep,
+    report,
     train,
 )
 from cdscope.cli.common import app

@@ -79,6 +79,7 @@ def _run_audit_command(
     bootstrap: int = 1000,
     detect: float = 5.0,
     granularity: str | None = None,
+    fail_above: float | None = None,
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
     from cdscope.commands.audit import AUDITS, run_audit, sibling
@@ -122,6 +123,7 @@ def _run_audit_command(
         explicit,
         bootstrap,
         detect / 100,
+        fail_above,
     )
     outputs = {
         "per_seed": str(target),
@@ -220,6 +222,7 @@ def _register_audit_command(command: str, doc: str, gate: bool = False) -> None:
     (``gate``) also takes --fail-above and exits 1 when a model's mean B_shared(C) is above."""
 
     def audit_command(**values: object) -> None:
+        from cdscope.commands.audit import exceeding
         from cdscope.commands.audit_plot import draw_audit
         from cdscope.errors import AuditFailed
 
@@ -227,21 +230,14 @@ def _register_audit_command(command: str, doc: str, gate: bool = False) -> None:
         options = model_options(*(values.pop(key) for key in MODEL_KEYS))
         resume = resume_arg(values.pop("resume"), values.pop("recompute"))
         spec, result, outputs = _run_audit_command(
-            command, options=options, resume=resume, **values
+            command, options=options, resume=resume, fail_above=fail_above, **values
         )
         if values["plot"] is not None:
             draw_audit(values["plot"], result)
         if not gate:
             _report(command, spec, result, outputs, values["as_json"])
             return
-        failed = []
-        if fail_above is not None:
-            means = result.summary[result.summary["measure"] == "B_shared_C"]
-            failed = [
-                f"{r.model} {100 * r.mean:.1f}%"
-                for r in means.itertuples()
-                if 100 * r.mean > fail_above
-            ]
+        failed = [] if fail_above is None else exceeding(result.summary, fail_above)
         extra = {"fail_above": fail_above, "failed": failed}
         _report(command, spec, result, outputs, values["as_json"], extra)
         if failed:

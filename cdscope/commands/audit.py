@@ -72,8 +72,8 @@ TOP_FRACTION = 0.01
 
 
 def decompose_measures(
-    families: list[str], C: np.ndarray, F: np.ndarray  # noqa: N803
-) -> dict[MeasureKey, float]:
+    families: list[str], C: np.ndarray, F: np.ndarray
+) -> dict[MeasureKey, float]:  # noqa: N803
     values: dict[MeasureKey, float] = {
         "B_shared_C": float(spectral.b_shared(C)),
         "B_dir": float(spectral.b_dir(C)),
@@ -167,6 +167,19 @@ class AuditResult:
 
     def _repr_html_(self) -> str:
         return audit_html(self.command, AUDITS[self.command].headline, self.tables())
+
+
+#: the measure ``--fail-above`` gates (bshared's CI gate, and ``cdscope report``'s verdict)
+GATED = "B_shared_C"
+
+
+def exceeding(summary: pd.DataFrame, fail_above: float) -> list[str]:
+    """The models whose mean B_shared(C) is above ``fail_above`` percent, as
+    'model 87.3%' (the verdict of ``--fail-above``; empty: passed)."""
+    means = summary[summary["measure"] == GATED]
+    return [
+        f"{r.model} {100 * r.mean:.1f}%" for r in means.itertuples() if 100 * r.mean > fail_above
+    ]
 
 
 def sibling(out: Path, suffix: str) -> Path:
@@ -354,14 +367,18 @@ def run_audit(
     explicit: dict[str, object] | None = None,
     bootstrap: int = 1000,
     detect: float = DETECT,
+    fail_above: float | None = None,
 ) -> AuditResult:
-    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs."""
+    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs
+    (``fail_above``, the CI gate's threshold in percent, is recorded in their metadata)."""
     probe_frame, probe_meta = obtain_probe_frame(
         spec.command, out, model_specs, from_path, settings, probe_paths, options, resume,
         console, explicit,
     )  # fmt: skip
     source = str(from_path) if from_path else "measured"
-    return evaluate_audit(spec, probe_frame, probe_meta, console, source, out, bootstrap, detect)
+    return evaluate_audit(
+        spec, probe_frame, probe_meta, console, source, out, bootstrap, detect, fail_above
+    )
 
 
 def evaluate_audit(
@@ -373,6 +390,7 @@ def evaluate_audit(
     out: Path | None = None,
     bootstrap: int = 1000,
     detect: float = DETECT,
+    fail_above: float | None = None,
 ) -> AuditResult:
     """Per-seed measures, their summary, paired rows and the direction check from a probe
     frame; written (per-seed to ``out``, summary and convergence beside it) when ``out``
@@ -418,6 +436,7 @@ def evaluate_audit(
         bootstrap=bootstrap,
         detect=detect,
         notes=notes,
+        **({"fail_above": fail_above} if fail_above is not None else {}),
     )
     if out is not None:
         write_parquet(per_seed, out, metadata)

@@ -80,6 +80,35 @@ def table(
     return element("table", "".join(parts), class_="cdscope")
 
 
+def _plain(cell: object) -> str:
+    """A rich cell (Text or str) as plain text."""
+    return getattr(cell, "plain", None) or str(cell if cell is not None else "")
+
+
+def rich_table(source: Any) -> str:
+    """A rich ``Table`` (the terminal's: render.py, render_runs.py) as an HTML table with the
+    same title, headers, cells and caption; a bold row (a domain mean, overall) stays bold
+    and a cell's second line (a bootstrap interval) goes on a second line."""
+    headers = [_plain(c.header) for c in source.columns]
+    columns = [[_plain(cell) for cell in c.cells] for c in source.columns]
+    body = []
+    for i, cells in enumerate(zip(*columns, strict=True)):
+        style = source.rows[i].style if i < len(source.rows) else None
+        bold = style is not None and "bold" in str(style)
+        tds = "".join(
+            element("td", "<br>".join(text(line) for line in c.split("\n")),
+                    class_="num" if _is_number(c) else None)
+            for c in cells
+        )  # fmt: skip
+        body.append(element("tr", tds, style="font-weight: 600" if bold else None))
+    parts = [element("thead", element("tr", "".join(element("th", text(h)) for h in headers)))]
+    parts.append(element("tbody", "".join(body)))
+    if source.caption:
+        parts.insert(0, element("caption", text(_plain(source.caption))))
+    title = element("h3", text(_plain(source.title))) if source.title else ""
+    return title + element("table", "".join(parts), class_="cdscope")
+
+
 def figure(fig: Any, alt: str, dpi: int = 110) -> str:
     """A matplotlib figure as an inline base64 PNG ``<img>`` (self-contained)."""
     buffer = io.BytesIO()

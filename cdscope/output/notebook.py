@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cdscope.output import html
-from cdscope.output.render import fmt_value, short_model_name
+from cdscope.output.render import fmt_value, negatives, short_model_name
 
 HEADLINE_HEADERS = ("model", "measure", "seeds", "mean ± SE", "Δ vs reference ± SE", "Δ < 0")
 
@@ -50,7 +50,7 @@ def _rows(summary: pd.DataFrame, paired: pd.DataFrame, measure: str) -> list[lis
             d = match.iloc[0]
             cells += [
                 f"{fmt_value(d['mean'], unit, True)} ± {fmt_value(d['se'], unit)}",
-                f"{d['n_negative']}/{d['n']}",
+                negatives(d),
             ]
         else:
             cells += ["ref" if len(paired) else "", ""]

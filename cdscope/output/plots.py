@@ -34,6 +34,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cdscope.io import atomic_write_bytes, check_plot_path
+from cdscope.output.render import negatives
 
 PALETTE = ["#1f4e79", "#c55a11", "#548235", "#7030a0", "#bf9000", "#2e75b6", "#a50021"]
 LABELS = {
@@ -172,9 +173,7 @@ def _forest(ax: Axes, paired: pd.DataFrame, measures: list[str]) -> None:
             ax.plot([lo, hi], [y, y], color=color, lw=2)
         ax.plot(mean, y, "o", color=color, ms=7)
         measure = LABELS.get(row["measure"], row["measure"]).replace("\n", " ")
-        labels.append(
-            f"{short_label(row['model'], 18)}\n{measure}  ({row['n_negative']}/{row['n']} < 0)"
-        )
+        labels.append(f"{short_label(row['model'], 18)}\n{measure}  ({negatives(row)} < 0)")
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # top to bottom, no empty band for few rows

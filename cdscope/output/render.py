@@ -78,6 +78,15 @@ def fmt_value(value: float, unit: str = "fraction", signed: bool = False) -> str
     return f"{scaled:+.2f}" if signed else f"{scaled:.2f}"
 
 
+def negatives(row: object) -> str:
+    """'2/3': the paired row's negative Δ_s out of its seeds (counts read back from a
+    Parquet file may be floats: shown as integers)."""
+    get = row.get  # type: ignore[attr-defined]
+    return "/".join(
+        str(int(v)) if v == v else "n/a" for v in (float(get("n_negative")), float(get("n")))
+    )
+
+
 def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
     """One row per model, one column per seed (percent), with the bootstrap interval over
     probe samples under each value when the probe carried per-sample data."""
@@ -142,7 +151,7 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
                 d = match.iloc[0]
                 cells += [
                     f"{fmt_value(d['mean'], unit, True)} ± {fmt_value(d['se'], unit)}",
-                    f"{d['n_negative']}/{d['n']}",
+                    negatives(d),
                     f"[{fmt_value(d['ci_low'], unit, True)}, {fmt_value(d['ci_high'], unit, True)}]",
                     fmt_value(d.get("sd", float("nan")), unit),
                     _seeds(d.get("seeds_needed", float("nan"))),

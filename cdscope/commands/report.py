@@ -18,12 +18,13 @@ The page is written atomically; any input that is not a cdscope run output is on
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from cdscope.commands.audit import AUDITS, AuditResult, exceeding, sibling
+from cdscope.commands.audit import AUDITS, UNITS, AuditResult, exceeding, sibling
 from cdscope.errors import CdscopeError
 from cdscope.io import atomic_write_bytes, check_writable, read_parquet
 
@@ -63,16 +64,41 @@ def _base_of(path: Path) -> Path:
     return path
 
 
+#: a measure name of the packed form audits wrote before the tidy tables: PR[code], abs_cos[a|b]
+_PACKED = re.compile(r"^(?P<measure>[^\[]+)\[(?P<family>[^|\]]+)(?:\|(?P<family_b>[^\]]+))?\]$")
+
+
+def tidy(frame: pd.DataFrame) -> pd.DataFrame:
+    """An audit table as the tidy tables are (docs/api.md); one written before them
+    (``PR[code]`` in ``measure``, no ``value_unit``) gets its columns from the names."""
+    if "value_unit" in frame.columns or "measure" not in frame.columns:
+        return frame
+    parts = frame["measure"].str.extract(_PACKED)
+    measure = parts["measure"].fillna(frame["measure"])
+    columns = {
+        "measure": measure,
+        "family": parts["family"].astype(object).where(parts["family"].notna(), None),
+        "family_b": parts["family_b"].astype(object).where(parts["family_b"].notna(), None),
+        "value_unit": measure.map(lambda m: UNITS.get(m, "fraction")),
+    }
+    out = frame.drop(columns="measure")
+    at = list(frame.columns).index("measure")
+    for offset, (name, column) in enumerate(columns.items()):
+        out.insert(at + offset, name, column)
+    return out
+
+
 def load_audit(path: Path) -> RunOutput:
     """An audit's per-seed file and its summary (mean and paired rows) as an AuditResult."""
     per_seed, metadata = read_parquet(path)
+    per_seed = tidy(per_seed)
     summary_path = sibling(path, "summary")
     if not summary_path.is_file():
         raise CdscopeError(
             f"{path} is an audit's per-seed file but its summary {summary_path} is missing; "
             f"recompute both with cdscope {metadata['command']} --from OUT.probe.parquet"
         )
-    both, _ = read_parquet(summary_path)
+    both = tidy(read_parquet(summary_path)[0])
     kind = both["kind"] if "kind" in both else pd.Series("mean", index=both.index)
     summary = both[kind == "mean"].drop(columns="kind", errors="ignore").dropna(axis=1, how="all")
     paired = both[kind == "paired"].drop(columns="kind", errors="ignore")

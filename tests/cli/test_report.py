@@ -229,3 +229,25 @@ def test_chromium_shows_the_numbers_and_the_figures(runs, report, tmp_path) -> N
     assert bar.sum() > 2000, "no bar of the inline bshared figure on the screen"
     verdict = np.abs(pixels - np.array([0xFC, 0xE8, 0xE6])).max(axis=2) <= 2  # the FAIL box
     assert verdict.sum() > 5000  # measured: ~93,000 (two boxes, 1100 x 38 px each)
+
+
+def test_audit_files_from_before_the_tidy_tables_still_report(runs, tmp_path) -> None:
+    """Files with PR[code] / abs_cos[a|b] in `measure` and no value_unit (cdscope before
+    issue 28) show the same numbers, PR in gates."""
+    for name in ("d.parquet", "d.summary.parquet"):
+        frame, meta = read_parquet(runs["root"] / name)
+        names = [m if not isinstance(f, str) else f"{m}[{f}|{b}]" if isinstance(b, str) else f"{m}[{f}]"
+                 for m, f, b in zip(frame["measure"], frame["family"], frame["family_b"], strict=True)]  # fmt: skip
+        old = frame.drop(columns=["family", "family_b", "value_unit"]).assign(measure=names)
+        write_parquet(old, tmp_path / name, meta)
+    assert "PR[code]" in set(read_parquet(tmp_path / "d.parquet")[0]["measure"])
+    assert invoke("report", tmp_path / "d.parquet", "-o", tmp_path / "old.html").exit_code == 0
+    assert invoke("report", runs["d"], "-o", tmp_path / "new.html").exit_code == 0
+    old, new = (Page((tmp_path / f"{n}.html").read_text(encoding="utf-8")) for n in ("old", "new"))
+    summary, _ = read_parquet(runs["d"].with_name("d.summary.parquet"))
+    pr = summary[(summary["kind"] == "mean") & (summary["measure"] == "PR")]
+    for m, s in zip(pr["mean"], pr["se"], strict=True):
+        assert f"{m:.2f} ± {s:.2f}" in old.words  # in gates, not x100
+    tables = [t for t in old.text if "±" in t]
+    assert tables == [t for t in new.text if "±" in t]  # the same cells, cell for cell
+    assert len(old.images) == 1

@@ -198,12 +198,12 @@ def build_report(paths: list[Path], out: Path, fail_above: float | None = None) 
         )
     if out.suffix.lower() not in (".html", ".htm"):
         raise CdscopeError(f"-o is the report page and must end in .html; got {out.name}")
-    check_writable(out)
     runs = []
-    for path in paths:
+    for path in paths:  # every input read before anything is created: a bad one leaves nothing
         run = find_output(Path(path))
         run.verdict = verdict_of(run, fail_above)
         runs.append(run)
+    check_writable(out)
     page = report_page([(str(r.path), r.kind, section(r), r.verdict) for r in runs])
     atomic_write_bytes(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return runs

@@ -182,10 +182,10 @@ def _probe_file(d: Path) -> Path:
     ],
 )
 def test_a_wrong_input_is_one_line_and_no_page(tmp_path, make, message: str) -> None:
-    result = invoke("report", make(tmp_path), "-o", tmp_path / "r.html")
+    result = invoke("report", make(tmp_path), "-o", tmp_path / "pages" / "r.html")
     assert result.exit_code == 2 and message in result.output
     assert len(result.output.strip().splitlines()) == 1
-    assert not (tmp_path / "r.html").exists()
+    assert not (tmp_path / "pages").exists()  # no page, not even its folder
 
 
 def test_an_audit_without_its_summary_and_a_wrong_page_name_are_refused(runs, tmp_path) -> None:

@@ -35,7 +35,7 @@ from cdscope.tasks.record import (
     is_code_kind,
     required_fields,
 )
-from cdscope.tasks.verifiers import VERIFIERS
+from cdscope.tasks.verifiers import verifier_kinds
 
 FAMILIES = ("math", "code", "logic")
 SPLITS = ("train", "eval")
@@ -47,7 +47,7 @@ def check_task(task: Task, where: str = "task") -> Task:
         value = getattr(task, key)
         if not isinstance(value, str) or not value:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
-    kinds = sorted(VERIFIERS)
+    kinds = verifier_kinds()
     if task.verifier not in kinds:
         raise CdscopeError(
             f"{where}: unknown verifier kind {task.verifier!r} (known: {', '.join(kinds)})"

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Literal
 
 from cdscope.errors import CdscopeError
-from cdscope.io import atomic_write_bytes, json_record, jsonl_lines
+from cdscope.io import atomic_write_bytes, json_record, require_keys
 from cdscope.resources import default_task_dir
+from cdscope.tasks.readers import parse_mapping, read_rows, row_to_task, schema_fields, split_source
 from cdscope.tasks.record import (
     OPTIONAL_KEYS,
     REQUIRED_KEYS,
@@ -69,7 +70,12 @@ def check_task(task: Task, where: str = "task") -> Task:
 
 def parse_task(line: str, where: str) -> Task:
     """One JSONL line -> a checked Task; errors start with ``where`` (``file:line``)."""
-    record = json_record(line, where, REQUIRED_KEYS)
+    return task_from_record(json_record(line, where, REQUIRED_KEYS), where)
+
+
+def task_from_record(record: object, where: str) -> Task:
+    """A task record (a JSON object in cdscope's format) -> a checked Task."""
+    record = require_keys(record, where, REQUIRED_KEYS)
     unknown = sorted(set(record) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         raise CdscopeError(
@@ -83,15 +89,33 @@ def parse_task(line: str, where: str) -> Task:
     return check_task(task, where)
 
 
-def load_tasks(paths: Sequence[str | Path]) -> list[Task]:
-    """Read and validate task files in order; duplicate ids across files are errors."""
+def _source_tasks(raw: str | Path, columns: str | None) -> list[tuple[Task, str]]:
+    """The tasks of one source (``readers``: a file or folder, with an optional mapping)."""
+    path, mapping = split_source(raw)
+    if mapping is None and columns:
+        mapping = parse_mapping(columns)
+    found, fields = [], None
+    for index, (row, where) in enumerate(read_rows(path)):
+        if not isinstance(row, dict):
+            raise CdscopeError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        if mapping is None and ("verifier" in row or "family" in row):
+            found.append((task_from_record(row, where), where))
+            continue
+        fields = fields or schema_fields(path, row, mapping or {})
+        found.append((check_task(row_to_task(row, fields, path, index, where), where), where))
+    return found
+
+
+def load_tasks(paths: Sequence[str | Path], columns: str | None = None) -> list[Task]:
+    """Read and validate task sources in order (JSONL, Parquet, ``datasets`` folders, in
+    cdscope's format or a known schema -- ``readers``); ``columns`` is a mapping for
+    sources that name none. Duplicate ids across sources are errors."""
     if not paths:
         raise CdscopeError("no task files given; pass --tasks FILE.jsonl")
     tasks: list[Task] = []
     first_seen: dict[str, str] = {}
     for raw in paths:
-        for line, where in jsonl_lines(Path(raw), "task", "no tasks"):
-            task = parse_task(line, where)
+        for task, where in _source_tasks(raw, columns):
             if task.id in first_seen:
                 raise CdscopeError(
                     f"{where}: duplicate id {task.id!r} (first at {first_seen[task.id]})"

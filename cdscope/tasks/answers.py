@@ -16,7 +16,7 @@
 that one is scored on what it said last. The answer text is cleaned by ``clean_answer``:
 markdown bold/italics/code, surrounding ``$``/``\\(\\)``/``\\[\\]``, a wrapping
 ``\\text{}``/``\\textbf{}``/``\\mathrm{}``/``\\mathbf{}``/``\\mbox{}`` and trailing
-punctuation (``. , ; !``) are removed.
+punctuation (``. , ;``; not ``!``, a factorial) are removed.
 
 Every step is linear in the completion's length: braces are matched in one pass with a
 stack (56k characters of unclosed ``\\boxed{`` cost one scan, not one scan per box), and
@@ -36,7 +36,7 @@ _MARKER = re.compile(
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _HOPE = re.compile(r"\s*I hope it is correct\.?\s*$", re.IGNORECASE)
 _WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mbox|textit|mathit)\s*\{")
-_TRAILING = ".,;!"
+_TRAILING = ".,;"  # not "!": a factorial
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,9 @@ def read_number(text: str) -> Number | None:
         return None
     s = normalise_number_text(text)
     number, end = _match(s)
-    if number is None or re.search(r"\d", s[end:]):
-        return None  # a second number: "12 or 13", "3 1/2", "7 - 4 + 2"
+    rest = s[end:]
+    if number is None or re.search(r"\d", rest) or rest.lstrip().startswith(("!", "^")):
+        return None  # a second number ("12 or 13", "3 1/2", "7 - 4 + 2"), "5!", "x^"
     return number
 
 

@@ -53,6 +53,7 @@ class _Worker:
             start_new_session=True,
         )
         self.buffer = b""
+        self.owner = os.getpid()  # a forked copy of this process must not use or kill it
         try:
             ready = self._line(time.monotonic() + START_TIMEOUT)
         except (_Missed, _Ended):
@@ -109,8 +110,10 @@ _idle: list[_Worker] = []
 
 def _take() -> _Worker:
     with _lock:
-        if _idle:
-            return _idle.pop()
+        while _idle:
+            worker = _idle.pop()
+            if worker.owner == os.getpid():
+                return worker
     return _Worker()
 
 
@@ -128,7 +131,8 @@ def close_workers() -> None:
     with _lock:
         workers, _idle[:] = list(_idle), []
     for worker in workers:
-        worker.kill()
+        if worker.owner == os.getpid():
+            worker.kill()
 
 
 def symbolic_equal(gold: str, pred: str, *, timeout: float) -> tuple[bool | None, str]:

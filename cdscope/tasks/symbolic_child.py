@@ -12,6 +12,7 @@ this process at the verdict's deadline instead. Standard library and math-verify
 # Executed as a script: no ``from __future__`` and no cdscope imports here.
 import json
 import logging
+import os
 import resource
 import sys
 
@@ -25,6 +26,9 @@ def main():
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     logging.disable(logging.CRITICAL)  # math-verify warns about its disabled timeouts
+    out = os.fdopen(os.dup(1), "w")  # replies only: no library's print reaches the pipe
+    os.dup2(2, 1)  # fd 1 (C-level writes too) now goes where stderr goes: nowhere
+    sys.stdout = sys.stderr
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
@@ -36,7 +40,6 @@ def main():
             return None
         return bool(verify(parsed_gold, parsed_pred, timeout_seconds=None))
 
-    out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()
     for line in sys.stdin:

@@ -91,17 +91,16 @@ def task_from_record(record: object, where: str) -> Task:
 
 def _source_tasks(raw: str | Path, columns: str | None) -> list[tuple[Task, str]]:
     """The tasks of one source (``readers``: a file or folder, with an optional mapping)."""
-    path, mapping = split_source(raw)
-    if mapping is None and columns:
-        mapping = parse_mapping(columns)
+    path, own = split_source(raw)  # a PATH?MAPPING source's own mapping always applies;
+    shared = parse_mapping(columns) if columns else {}  # --task-columns: not to cdscope rows
     found, fields = [], None
     for index, (row, where) in enumerate(read_rows(path)):
         if not isinstance(row, dict):
             raise CdscopeError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        if mapping is None and ("verifier" in row or "family" in row):
+        if own is None and ("verifier" in row or "family" in row):
             found.append((task_from_record(row, where), where))
             continue
-        fields = fields or schema_fields(path, row, mapping or {})
+        fields = fields or schema_fields(path, row, own if own is not None else shared)
         found.append((check_task(row_to_task(row, fields, path, index, where), where), where))
     return found
 

@@ -2,7 +2,8 @@
 
 A task *source* is a path, optionally followed by ``?`` and a column mapping
 (``gsm8k.parquet?schema=gsm8k`` or ``data.jsonl?prompt=q,answer=a``); the CLI's
-``--task-columns MAPPING`` appends the mapping to every ``--tasks`` path. Files:
+``--task-columns MAPPING`` applies to every ``--tasks`` source not in cdscope's own format
+(train appends it to each path). Files:
 
 * ``.jsonl`` / ``.json`` -- JSON lines; rows that carry cdscope's own keys (``id``,
   ``family``, ``prompt``, ``verifier``) are read as task records (``format.parse_task``);

@@ -116,6 +116,12 @@ def test_column_mappings_and_their_errors(tmp_path) -> None:
         ("x2", "quiz", "logic", "Yes"),
     ]
     assert load_tasks([f"{path}?prompt=q,answer=a,id=uid,verifier=logic"])[1].id == "x2"
+    native = tmp_path / "native.jsonl"  # --task-columns leaves files in cdscope's format alone
+    native.write_text(
+        json.dumps({"id": "n/1", "family": "m", "prompt": "p", "verifier": "math", "answer": "1"})
+        + "\n"
+    )
+    assert len(load_tasks([native, path], columns="prompt=q,answer=a,id=uid")) == 3
     for bad, message in [
         ("prompt=q,answer=nope", "no column 'nope'"),
         ("schema=gsm9k", "unknown schema 'gsm9k'"),

@@ -28,7 +28,14 @@ from typing import Literal
 from cdscope.errors import CdscopeError
 from cdscope.io import atomic_write_bytes, json_record, require_keys
 from cdscope.resources import default_task_dir
-from cdscope.tasks.readers import parse_mapping, read_rows, row_to_task, schema_fields, split_source
+from cdscope.tasks.readers import (
+    is_native,
+    parse_mapping,
+    read_rows,
+    row_to_task,
+    schema_fields,
+    split_source,
+)
 from cdscope.tasks.record import (
     OPTIONAL_KEYS,
     REQUIRED_KEYS,
@@ -97,7 +104,7 @@ def _source_tasks(raw: str | Path, columns: str | None) -> list[tuple[Task, str]
     for index, (row, where) in enumerate(read_rows(path)):
         if not isinstance(row, dict):
             raise CdscopeError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        if own is None and ("verifier" in row or "family" in row):
+        if own is None and is_native(row):
             found.append((task_from_record(row, where), where))
             continue
         fields = fields or schema_fields(path, row, own if own is not None else shared)

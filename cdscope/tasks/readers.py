@@ -3,7 +3,7 @@
 A task *source* is a path, optionally followed by ``?`` and a column mapping
 (``gsm8k.parquet?schema=gsm8k`` or ``data.jsonl?prompt=q,answer=a``); the CLI's
 ``--task-columns MAPPING`` applies to every ``--tasks`` source not in cdscope's own format
-(train appends it to each path). Files:
+(train appends it to each such path, ``with_mapping``). Files:
 
 * ``.jsonl`` / ``.json`` -- JSON lines; rows that carry cdscope's own keys (``id``,
   ``family``, ``prompt``, ``verifier``) are read as task records (``format.parse_task``);
@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from cdscope.errors import CdscopeError
 from cdscope.io import jsonl_lines
 from cdscope.tasks.answers import find_final_answer
-from cdscope.tasks.record import PROGRAM_KIND, REQUIRED_KEYS, Task
+from cdscope.tasks.record import PROGRAM_KIND, Task
 
 FIELDS = ("id", "prompt", "answer", "tests", "entry_point")
 LITERALS = ("verifier", "family")
@@ -76,10 +76,14 @@ def split_source(source: str | Path) -> tuple[Path, dict[str, str] | None]:
 
 
 def with_mapping(path: str | Path, columns: str | None) -> str:
-    """The source string of ``path`` read with ``columns`` (``PATH?MAPPING``)."""
+    """The source string of ``path`` read with ``columns`` (``PATH?MAPPING``); unchanged
+    without columns or when ``path`` is in cdscope's own format (its first row)."""
     if not columns:
         return str(path)
     parse_mapping(columns)  # refuse a bad mapping before anything runs
+    source, own = split_source(path)
+    if own is not None or is_native(read_rows(source)[0][0]):
+        return str(path)
     return f"{path}?{columns}"
 
 
@@ -150,8 +154,9 @@ def read_rows(path: Path) -> list[tuple[dict, str]]:
 
 
 def is_native(row: object) -> bool:
-    """Whether a row is a cdscope task record (it carries the required keys)."""
-    return isinstance(row, dict) and all(key in row for key in REQUIRED_KEYS)
+    """Whether a row is meant as a cdscope task record (it carries ``verifier`` or
+    ``family``; a record missing other keys then gets cdscope's own error)."""
+    return isinstance(row, dict) and ("verifier" in row or "family" in row)
 
 
 def schema_fields(path: Path, row: dict, mapping: dict[str, str]) -> dict[str, str]:

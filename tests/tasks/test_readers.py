@@ -14,6 +14,7 @@ import pytest
 from cdscope.errors import CdscopeError
 from cdscope.tasks import load_tasks, register_verifier, verify
 from cdscope.tasks import registry as reg
+from cdscope.tasks.readers import with_mapping
 from cdscope.tasks.sandbox import code_sandbox_available
 
 GSM8K = [
@@ -122,6 +123,9 @@ def test_column_mappings_and_their_errors(tmp_path) -> None:
         + "\n"
     )
     assert len(load_tasks([native, path], columns="prompt=q,answer=a,id=uid")) == 3
+    sources = [with_mapping(p, "prompt=q,answer=a,id=uid") for p in (native, path)]  # train's
+    assert sources == [str(native), f"{path}?prompt=q,answer=a,id=uid"]
+    assert len(load_tasks(sources)) == 3
     for bad, message in [
         ("prompt=q,answer=nope", "no column 'nope'"),
         ("schema=gsm9k", "unknown schema 'gsm9k'"),

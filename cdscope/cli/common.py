@@ -121,6 +121,14 @@ ProbeOpt = Annotated[
         help="Probe pool JSONL file(s) (default: the shipped math/code/logic pools).",
     ),
 ]
+TaskColumnsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--task-columns",
+        help="Column mapping for --tasks in other schemas: a schema (gsm8k, math, humaneval, "
+        "mbpp) and/or field=column items, e.g. 'prompt=q,answer=a,verifier=math' (docs/tasks.md).",
+    ),
+]
 TemplateOpt = Annotated[
     str, typer.Option("--template", "-t", help="Prompt template: plain | chat.")
 ]

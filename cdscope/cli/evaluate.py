@@ -21,6 +21,7 @@ from cdscope.cli.common import (
     RecomputeOpt,
     ResumeOpt,
     RevisionOpt,
+    TaskColumnsOpt,
     TrustRemoteCodeOpt,
     app,
     err_console,
@@ -114,8 +115,13 @@ def eval_command(
     ] = None,
     tasks: Annotated[
         list[Path] | None,
-        typer.Option("--tasks", help="Task JSONL file(s) (default: the shipped eval sets)."),
+        typer.Option(
+            "--tasks",
+            help="Task file(s): JSONL, Parquet or a datasets save_to_disk folder, in cdscope's "
+            "format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped eval sets).",
+        ),
     ] = None,
+    task_columns: TaskColumnsOpt = None,
     n: Annotated[
         int, typer.Option("--n", min=1, max=COUNT_MAX, help="Samples per problem.")
     ] = EvalSettings.n,
@@ -208,7 +214,7 @@ def eval_command(
     )
     resume_with = resume_arg(resume, recompute)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
-    loaded_tasks = load_tasks(task_paths)
+    loaded_tasks = load_tasks(task_paths, columns=task_columns)
     token_caps = parse_max_new_tokens(max_new_tokens)
     unknown = sorted(set(token_caps) - {"*"} - {t.family for t in loaded_tasks})
     if unknown:

@@ -10,6 +10,7 @@ import typer
 from cdscope.cli.common import (
     JsonOpt,
     ProbeOpt,
+    TaskColumnsOpt,
     app,
     err_console,
     out_console,
@@ -73,9 +74,13 @@ def train(
     tasks: Annotated[
         list[Path] | None,
         typer.Option(
-            "--tasks", help="Training task JSONL file(s) (default: the shipped train sets)."
+            "--tasks",
+            help="Training task file(s): JSONL, Parquet or a datasets save_to_disk folder, in "
+            "cdscope's format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped "
+            "train sets).",
         ),
     ] = None,
+    task_columns: TaskColumnsOpt = None,
     preset: Annotated[
         str | None,
         typer.Option(
@@ -106,6 +111,7 @@ def train(
     (--resume continues exactly); the final model is a Hugging Face folder OUT/final.
     """
     from cdscope.commands.train import run_train
+    from cdscope.tasks.readers import with_mapping
     from cdscope.train.config import TrainConfig
 
     given = locals()
@@ -114,7 +120,7 @@ def train(
     }  # unset options keep the preset's or TrainConfig's default
     explicit.update(
         out_dir=str(out_dir),
-        tasks=tuple(str(p) for p in tasks or ()),
+        tasks=tuple(with_mapping(p, task_columns) for p in tasks or ()),
         probe_files=tuple(str(p) for p in probe or ()),
     )
     if trl_arg:

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from cdscope import __version__
 from cdscope.errors import CdscopeError
+from cdscope.schemas import arrow_table, strict_json
 
 METADATA_KEY = b"cdscope"
 
@@ -170,12 +171,12 @@ ROW_GROUP_ROWS = 65_536
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path, metadata: dict) -> Path:
-    """Write ``frame`` with ``metadata`` (JSON) atomically, in row groups of
-    ``ROW_GROUP_ROWS``; returns the path."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    """Write ``frame`` with ``metadata`` (strict JSON) atomically, in row groups of
+    ``ROW_GROUP_ROWS``, each column in its ``cdscope.schemas`` type; returns the path."""
+    table = arrow_table(frame)  # every column in its one Arrow type (cdscope.schemas)
     merged = {
         **(table.schema.metadata or {}),
-        METADATA_KEY: json.dumps(metadata, default=str).encode(),
+        METADATA_KEY: json.dumps(strict_json(metadata), allow_nan=False).encode(),
     }
     table = table.replace_schema_metadata(merged)
     atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS))

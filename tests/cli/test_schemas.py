@@ -44,6 +44,8 @@ def commands(models: list[Path], seeds: int, out: Path, files: dict[str, Path]) 
     pool, o = files["pool"], out
     return {
         "probe": ["probe", *m, "-p", pool, "--seeds", seeds, "--n", 2, "-o", o / "probe.parquet"],
+        "probe edge": ["probe", *m, "-p", pool, "--seeds", seeds, "--n", 2,
+                       "--granularity", "edge", "-o", o / "edge.parquet"],
         "bshared": ["bshared", *m, "-p", pool, "--seeds", seeds, "--n", 2, "-o", o / "b.parquet"],
         "acg": ["acg", "--from", o / "b.probe.parquet", "-o", o / "acg.parquet"],
         "decompose": ["decompose", "--from", o / "b.probe.parquet", "-o", o / "dec.parquet"],
@@ -100,7 +102,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 def test_every_output_has_one_schema_whatever_the_run(runs: dict[str, dict]) -> None:
     small, big = runs["small"]["schemas"], runs["big"]["schemas"]
     assert sorted(small) == sorted(big)
-    assert len(small) == 22  # every file of every command (eval --audit: contamination)
+    assert len(small) == 23  # every file of every command (eval --audit: contamination)
     for name in sorted(small):
         a = [(f.name, f.type) for f in small[name]]
         b = [(f.name, f.type) for f in big[name]]

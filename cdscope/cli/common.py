@@ -91,6 +91,7 @@ def _quiet_libraries() -> None:
     """Keep library chatter (weight-loading bars, advisory warnings) off the terminal."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # hub retries and notices: --verbose
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
@@ -232,6 +233,7 @@ def _root(
     err_console.quiet = quiet
     if verbose:  # before _quiet_libraries' setdefaults, which then keep these
         os.environ["TRANSFORMERS_VERBOSITY"] = "info"
+        os.environ["HF_HUB_VERBOSITY"] = "info"
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
 
 

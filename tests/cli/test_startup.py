@@ -18,7 +18,7 @@ import pytest
 HEAVY = ("torch", "transformers", "pandas", "numpy", "pyarrow", "scipy", "matplotlib")
 COMMANDS = (
     "probe", "bshared", "acg", "decompose", "random-ref", "nsweep", "eap-info", "gradcheck",
-    "eval", "train", "inspect",
+    "eval", "train", "inspect", "models",
 )  # fmt: skip
 
 PROBE = """

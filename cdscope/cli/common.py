@@ -92,6 +92,7 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # hub retries and notices: --verbose
+    os.environ.setdefault("TQDM_DISABLE", "1")  # library bars (GGUF dequantising): --verbose
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
@@ -234,6 +235,7 @@ def _root(
     if verbose:  # before _quiet_libraries' setdefaults, which then keep these
         os.environ["TRANSFORMERS_VERBOSITY"] = "info"
         os.environ["HF_HUB_VERBOSITY"] = "info"
+        os.environ.setdefault("TQDM_DISABLE", "")  # empty: tqdm's bars on (unless the user said)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
 
 

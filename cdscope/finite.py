@@ -19,10 +19,6 @@ import numpy as np
 
 from cdscope.errors import CdscopeError
 
-#: RNG seeds fit the 32-bit words numpy's SeedSequence and torch.manual_seed take.
-SEED_MAX = 2**32 - 1
-#: counts (--seeds, --n, ...): far above any real run, far below overflow or allocation.
-COUNT_MAX = 1_000_000
 HINT = (
     "the model's weights are non-finite or overflow in its dtype "
     "(check the weights; try --dtype float32)"

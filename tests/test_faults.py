@@ -109,7 +109,17 @@ def probe_file(path: Path, families=("code", "logic", "math"), seeds=(0, 1), **c
         frame[column] = value(frame) if callable(value) else value
     meta = {"settings": {"n": 3, "template": "plain", "estimator": "autograd"},
             "models": [{"name": "m", "K": 4}], "probe_hash": "sha256:x"}  # fmt: skip
-    return cio.write_parquet(frame, path, meta)
+    if not change:
+        return cio.write_parquet(frame, path, meta)
+    # a changed file as another writer would leave it: cdscope's own writer refuses a
+    # column of the wrong type (cdscope.schemas), so plain pyarrow writes this one
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    extra = {**(table.schema.metadata or {}), cio.METADATA_KEY: json.dumps(meta).encode()}
+    pq.write_table(table.replace_schema_metadata(extra), path)
+    return path
 
 
 # -- 4 + 7: any writer error during an atomic write -> one line, temp removed ------------

@@ -13,6 +13,7 @@ from cdscope.cli import (  # noqa: F401 - registers the commands
     evaluate,
     inspect,
     measure,
+    models,
     nsweep,
     report,
     train,

@@ -91,6 +91,8 @@ def _quiet_libraries() -> None:
     """Keep library chatter (weight-loading bars, advisory warnings) off the terminal."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # hub retries and notices: --verbose
+    os.environ.setdefault("TQDM_DISABLE", "1")  # library bars (GGUF dequantising): --verbose
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
@@ -240,6 +242,8 @@ def _root(
     err_console.quiet = quiet
     if verbose:  # before _quiet_libraries' setdefaults, which then keep these
         os.environ["TRANSFORMERS_VERBOSITY"] = "info"
+        os.environ["HF_HUB_VERBOSITY"] = "info"
+        os.environ.setdefault("TQDM_DISABLE", "")  # empty: tqdm's bars on (unless the user said)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
 
 
@@ -332,20 +336,20 @@ TrustRemoteCodeOpt = Annotated[
 
 
 def print_json(command: str, tables: dict[str, object], **extra: object) -> None:
-    """``--json``: one JSON object on stdout; each DataFrame becomes a list of row records."""
+    """``--json``: one strict JSON object on stdout (RFC 8259: what ``JSON.parse``, ``jq``
+    and every strict parser accept); each DataFrame becomes a list of row records.
+
+    Non-finite numbers (NaN, ±inf: a standard error from one seed, a measure that is
+    undefined for a run) are written as ``null``, as are pandas' missing values; numpy
+    scalars and arrays become numbers and lists, anything else its ``str``
+    (``cdscope.schemas.strict_json``)."""
     import json
+
+    from cdscope.schemas import strict_json
 
     payload: dict[str, object] = {"command": command}
     for name, table in tables.items():
         to_dict = getattr(table, "to_dict", None)
         payload[name] = to_dict(orient="records") if to_dict else table
     payload.update(extra)
-    typer.echo(json.dumps(payload, default=_jsonable, allow_nan=True))
-
-
-def _jsonable(value: object) -> object:
-    """numpy scalars and arrays, paths, timestamps: as JSON numbers, lists and strings."""
-    for method in ("item", "tolist"):
-        if hasattr(value, method):
-            return getattr(value, method)()
-    return str(value)
+    typer.echo(json.dumps(strict_json(payload), allow_nan=False))

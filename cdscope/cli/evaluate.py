@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
-from rich.table import Table
 
 from cdscope.cli.common import (
     AttnOpt,
@@ -37,6 +35,10 @@ from cdscope.errors import CdscopeError
 from cdscope.messages import VerbatimTable, wrote
 from cdscope.resources import EMBEDDED_NAME
 from cdscope.settings import DEFAULT_MAX_NEW_TOKENS, EvalSettings
+
+if TYPE_CHECKING:  # pandas loads with the workflow, not for --help
+    import pandas as pd
+    from rich.table import Table
 
 
 def parse_ks(text: str) -> list[int]:
@@ -73,6 +75,8 @@ def parse_max_new_tokens(text: str | None) -> dict[str, int]:
 
 
 def stats_table(stats: pd.DataFrame) -> Table:
+    import pandas as pd
+
     table = VerbatimTable(title="generation and verification", title_justify="left")
     for name in (
         "model",

@@ -24,6 +24,7 @@ from cdscope.cli.common import (
     err_console,
     models_or_embedded,
     out_console,
+    print_json,
     user_errors,
 )
 from cdscope.errors import CdscopeError
@@ -59,7 +60,6 @@ def nsweep(
     every smaller n from nested subsets of it (docs/nsweep.md); plain B_shared falls
     towards 1/M at small n, the corrected one (unbiased Gram, n >= 2) much less.
     """
-    import json
 
     from cdscope.commands.audit import sibling
     from cdscope.commands.nsweep import parse_ns, run_nsweep
@@ -88,14 +88,8 @@ def nsweep(
         plot_nsweep(plot, result.per_seed, result.summary, M or 2)
         outputs["plot"] = str(plot)
     if as_json:
-        payload = {
-            "command": "nsweep",
-            "ns": list(sizes),
-            "summary": result.summary.to_dict(orient="records"),
-            "per_seed": result.per_seed.to_dict(orient="records"),
-            "outputs": outputs,
-        }
-        typer.echo(json.dumps(payload, default=float, allow_nan=True))
+        tables = {"summary": result.summary, "per_seed": result.per_seed}
+        print_json("nsweep", tables, ns=list(sizes), outputs=outputs)
     else:
         out_console.print(nsweep_table(result.summary))
     for name, path in outputs.items():

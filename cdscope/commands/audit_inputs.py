@@ -50,6 +50,9 @@ def check_probe_file(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
             )
     if not pd.api.types.is_bool_dtype(frame["dropped"]):
         raise CdscopeError(f"{path}: column 'dropped' holds {frame['dropped'].dtype}, not booleans")
+    for column in ("seed", "gate", "dropped"):  # nullable types (cdscope.schemas) may hold nulls
+        if frame[column].isna().any():
+            raise CdscopeError(f"{path}: column {column!r} has missing values; measure again")
     keys = ["model", "seed", "family", "gate"]
     duplicated = frame.duplicated(keys)
     if duplicated.any():

@@ -16,24 +16,22 @@ from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.batch import encode_probe, rows_per_forward
-from cdscope.core.gate_sites import GATE_GRANULARITIES
 from cdscope.core.gates import GatedModel
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
-from cdscope.core.regularizer import (
-    DEFAULT_EPS,
-    DEFAULT_ESTIMATOR,
-    exact_grad,
-    fidelity,
-    regularizer_grad,
-)
+from cdscope.core.regularizer import exact_grad, fidelity, regularizer_grad
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.frames import ModelOptions, describe_seeds
-from cdscope.settings import GradcheckSettings
+from cdscope.settings import (
+    DEFAULT_EPS,
+    DEFAULT_ESTIMATOR,
+    GATE_GRANULARITIES,
+    GradcheckSettings,
+)
 
 COLUMNS = [
     "model",

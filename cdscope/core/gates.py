@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from cdscope.core.gate_sites import (
-    GATE_GRANULARITIES,
     Capture,
     GateSet,
     GateState,
@@ -46,6 +45,7 @@ from cdscope.core.gate_sites import (
 from cdscope.core.gate_units import unit_sites
 from cdscope.core.models.adapters import Architecture, architecture_of
 from cdscope.hooks import HookSet
+from cdscope.settings import GATE_GRANULARITIES
 
 
 class GatedModel:

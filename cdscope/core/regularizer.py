@@ -51,10 +51,9 @@ from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
 from cdscope.core.regularizer_precision import check_realised_perturbation, check_step_resolution
 from cdscope.errors import CdscopeError
+from cdscope.settings import DEFAULT_EPS, DEFAULT_ESTIMATOR, GRADIENT_ESTIMATORS
 
 W_FLOOR = 1e-12
-#: estimators of the regulariser gradient (proxy_grad); not the C estimators (frames.C_ESTIMATORS)
-GRADIENT_ESTIMATORS = ("exact", "proxy", "richardson", "folded")
 #: (fold_normaliser, richardson) -> estimator name of a ``proxy_grad`` result
 _NAMES = {
     (False, False): "proxy",
@@ -62,9 +61,6 @@ _NAMES = {
     (True, False): "folded",
     (True, True): "folded-richardson",
 }
-#: The default first-order estimator, chosen from the measured fidelity table (docs/gradcheck.md).
-DEFAULT_ESTIMATOR = "folded"
-DEFAULT_EPS = 0.01
 
 
 @dataclass

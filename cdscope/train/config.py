@@ -4,7 +4,7 @@ Reference hyperparameters (SPEC §5, 7B recipe): AdamW lr 2e-6 with a cosine sch
 G = 4 samples per prompt, 8 prompts per step, 512 new tokens, temperature 0.6, seed 0,
 KL coefficient beta = 0; CD-RFT lambda = 1, tau = 70 (%), K_max = 12,
 eta_proj = 4e-3, n = 3 probe samples per family; the gradient estimator and its gate
-step come from ``cdscope.core.regularizer`` (``DEFAULT_ESTIMATOR``, ``DEFAULT_EPS``).
+step come from ``cdscope.settings`` (``DEFAULT_ESTIMATOR``, ``DEFAULT_EPS``).
 
 Choices the SPEC leaves open (documented in docs/train.md): 200 steps, no warmup, no
 weight decay, the clipped-surrogate epsilon 0.2, gradient-norm clipping off, the probe
@@ -21,11 +21,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdscope.core.gate_sites import GATE_GRANULARITIES
-from cdscope.core.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, GRADIENT_ESTIMATORS
 from cdscope.errors import CdscopeError
-from cdscope.finite import COUNT_MAX, SEED_MAX
 from cdscope.resources import EMBEDDED_NAME
+from cdscope.settings import (
+    COUNT_MAX,
+    DEFAULT_EPS,
+    DEFAULT_ESTIMATOR,
+    GATE_GRANULARITIES,
+    GRADIENT_ESTIMATORS,
+    SEED_MAX,
+)
 
 REGULARIZERS = ("none", "cdrft")
 BACKENDS = ("hf", "trl")

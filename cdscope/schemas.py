@@ -39,7 +39,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "dropped": BOOL, "logp_samples": FLOATS, "dlogp_samples": FLOATS, "F_samples": FLOATS,
     "upstream": STRING, "downstream": STRING, "path": STRING,  # edge granularity
     # bshared / acg / decompose: per seed, OUT.summary (mean and paired rows), OUT.convergence
-    "measure": STRING, "value": FLOAT, "ci_low": FLOAT, "ci_high": FLOAT,
+    "measure": STRING, "family_b": STRING, "value_unit": STRING, "value": FLOAT, "ci_low": FLOAT, "ci_high": FLOAT,
     "n_seeds": INT, "mean": FLOAT, "se": FLOAT, "kind": STRING, "reference": STRING,
     "n": INT, "n_negative": INT, "sd": FLOAT, "seeds_needed": FLOAT,  # inf: out of reach
     "angle_deg": FLOAT, "dk_bound_deg": FLOAT, "eigengap": FLOAT, "gate_angle_deg": FLOAT,

@@ -230,7 +230,10 @@ def per_seed_frame(
                 {"model": model, "seed": int(seed), **measure_columns(key), "value": value,
                  "ci_low": lo, "ci_high": hi}
             )  # fmt: skip
-    return pd.DataFrame(rows, columns=PER_SEED_COLUMNS)
+    # the string dtype the Parquet file reads back as, so API and file frames are equal
+    return pd.DataFrame(rows, columns=PER_SEED_COLUMNS).astype(
+        {"family": "str", "family_b": "str"}
+    )
 
 
 def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-import random
 import re
 import sys
 from collections import Counter
@@ -57,21 +56,16 @@ from build_pools import (  # noqa: E402  (probes/ is not a package)
 from solvers import SOLVERS, Reject, answer_line  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from curriculum import GENERATORS, Generator, near_misses  # noqa: E402  (not a package)
+from build_curriculum import build_curriculum  # noqa: E402  (tasks/ is not a package)
 
 from cdscope.tasks.format import Task, dumps_tasks  # noqa: E402
-from cdscope.tasks.verifiers import verify, verify_many  # noqa: E402
+from cdscope.tasks.verifiers import verify  # noqa: E402
 
 FORMAT_VERSION = 1
 TRAIN_PER_GENERATOR = 32  # 4 generators -> 128 tasks per family
 EVAL_PER_GENERATOR = 12  # 4 generators -> 48 tasks per family
 CODE_TIMEOUT_S = 10.0
 SPLITS = ("train", "eval")
-#: the learnable curriculum (tasks/curriculum.py): folder, seeds, tasks per generator
-CURRICULUM_DIR = "curriculum"
-CURRICULUM_SEEDS = {"train": 4000, "eval": 5000}
-CURRICULUM_PER_GENERATOR = {"train": 32, "eval": 12}
-CURRICULUM_MAX_DRAWS = 10_000
 
 
 def normalise_prompt(text: str) -> str:
@@ -233,123 +227,6 @@ def build_code(taken: dict[str, set[str]]) -> tuple[dict[str, list[Task]], dict]
     return out, manifest
 
 
-def reference_completion(task: Task, answer: str) -> str:
-    """What a correct reply looks like: 'The answer is X.' (code: ' <expression>')."""
-    return f" {answer}\n" if task.family == "code" else answer_line(answer)
-
-
-def curriculum_misses(task: Task) -> list[str]:
-    """Near-miss answers of a curriculum task: code ``near_misses``; a number off by one."""
-    reference = task.meta["reference"]
-    if task.family == "code":
-        return near_misses(reference)
-    numbers = reference.split(", ")
-    return [", ".join([*numbers[:-1], str(int(numbers[-1]) + 1)])]
-
-
-def build_curriculum_generator(
-    gen: Generator, split: str, taken: set[str]
-) -> tuple[list[Task], dict]:
-    """The first ``CURRICULUM_PER_GENERATOR[split]`` draws of ``gen``'s seeded stream whose
-    normalised prompt is new (not a probe, not an example shown in the prompt, not a
-    train prompt for eval, not repeated). Every kept task passes its verifier with its
-    reference and fails with the empty completion (a code stub returning None) and with
-    near misses (an answer off by one; code: ``curriculum.near_misses``)."""
-    seed = CURRICULUM_SEEDS[split]
-    rng = random.Random(f"{gen.family}/{gen.name}:{seed}")  # str seeds: no PYTHONHASHSEED
-    seen = set(taken) | {normalise_prompt(gen.prompt(q)) for q, _ in gen.shots}
-    tasks: list[Task] = []
-    skipped = 0
-    draw = -1
-    while len(tasks) < CURRICULUM_PER_GENERATOR[split]:
-        draw += 1
-        if draw >= CURRICULUM_MAX_DRAWS:
-            raise SystemExit(f"{gen.name} {split}: only {len(tasks)} distinct tasks")
-        item = gen.make(rng)
-        prompt = gen.prompt(item.question)
-        if normalise_prompt(prompt) in seen:
-            skipped += 1
-            continue
-        seen.add(normalise_prompt(prompt))
-        tasks.append(
-            Task(
-                id=f"{gen.family}/{gen.name}/{split}/{draw}",
-                family=gen.family,
-                prompt=prompt,
-                verifier=gen.verifier,
-                answer=None if gen.family == "code" else item.answer,
-                tests=item.tests,
-                entry_point=item.entry_point,
-                source=f"cdscope-curriculum:{gen.name}:seed={seed}:draw={draw}",
-                meta={"generator": gen.name, "seed": seed, "index": draw, "reference": item.answer},
-            )
-        )
-    good = [reference_completion(t, t.meta["reference"]) for t in tasks]
-    wrong = [(t, "") for t in tasks] + [
-        (t, reference_completion(t, miss)) for t in tasks for miss in curriculum_misses(t)
-    ]
-    verdicts = verify_many(tasks, good, timeout=CODE_TIMEOUT_S)
-    for task, verdict in zip(tasks, verdicts, strict=True):
-        if not verdict.passed:
-            raise SystemExit(f"{task.id}: the verifier rejects the reference ({verdict.message})")
-    bad = verify_many([t for t, _ in wrong], [c for _, c in wrong], timeout=CODE_TIMEOUT_S)
-    for (task, completion), verdict in zip(wrong, bad, strict=True):
-        if verdict.passed:
-            raise SystemExit(f"{task.id}: the verifier accepts the wrong {completion!r}")
-    summary = {
-        "name": gen.name,
-        "verifier": gen.verifier,
-        "seed": seed,
-        "draws": draw + 1,
-        "kept": len(tasks),
-        "skipped_repeats": skipped,
-        "examples": [list(shot) for shot in gen.shots],
-    }
-    return tasks, summary
-
-
-def build_curriculum(probes: set[str]) -> tuple[dict[str, bytes], dict]:
-    """``curriculum/{train,eval}/{math,code,logic}.jsonl`` and their MANIFEST entry."""
-    files: dict[str, bytes] = {}
-    splits: dict[str, dict] = {split: {} for split in SPLITS}
-    train_prompts: set[str] = set()
-    for split in SPLITS:
-        taken = probes | (train_prompts if split == "eval" else set())
-        for family in ("math", "code", "logic"):
-            tasks, summaries = [], []
-            for gen in (g for g in GENERATORS if g.family == family):
-                kept, summary = build_curriculum_generator(gen, split, taken)
-                tasks += kept
-                summaries.append(summary)
-            if split == "train":
-                train_prompts |= {normalise_prompt(t.prompt) for t in tasks}
-            name = f"{CURRICULUM_DIR}/{split}/{family}.jsonl"
-            files[name] = dumps_tasks(tasks).encode("utf-8")
-            splits[split][family] = {
-                "file": name,
-                "sha256": sha256_bytes(files[name]),
-                "n_tasks": len(tasks),
-                "generators": summaries,
-            }
-    manifest = {
-        "built_by": "tasks/build_tasks.py from tasks/curriculum.py",
-        "purpose": "a learnable curriculum for small models (SmolLM2-135M starts at a nonzero "
-        "but improvable pass@1; docs/tasks.md): CDSCOPE_TASKS=<this folder> or --tasks",
-        "prompt_format": "math, logic: ChatML, two solved examples, then the question "
-        "(reply 'The answer is <answer>.'); code: two solved functions, then a stub ending "
-        "in 'return' (the completion is the returned expression)",
-        "seeds": CURRICULUM_SEEDS,
-        "per_generator": CURRICULUM_PER_GENERATOR,
-        "overlap_rule": "within a generator no two tasks, and no task and an example shown in "
-        "the prompt, share a normalised prompt; no eval prompt equals a train or probe prompt",
-        "verification": "every task passes its verifier with its reference answer "
-        "('The answer is <answer>.'; code: ' <expression>') and fails with the empty "
-        "completion",
-        "splits": splits,
-    }
-    return files, manifest
-
-
 def build() -> dict[str, bytes]:
     probes = probe_prompts()
     taken = {"train": set(probes), "eval": set(probes)}
@@ -405,7 +282,7 @@ def build() -> dict[str, bytes]:
         "prompt or (eval) a train prompt; no question repeats within a split",
         "splits": splits,
     }
-    curriculum_files, manifest["curriculum"] = build_curriculum(probes)
+    curriculum_files, manifest["curriculum"] = build_curriculum(probes, normalise_prompt)
     files.update(curriculum_files)
     text = dump_manifest(manifest) + "\n"
     assert json.loads(text) == manifest

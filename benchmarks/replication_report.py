@@ -145,7 +145,9 @@ def curve(ax, frame: pd.DataFrame, column: str, arm: str, scale: float = 1.0) ->
 
 def figures(img: Path, logs: dict, audit: dict, passk: pd.DataFrame, specs: dict) -> list:
     img.mkdir(parents=True, exist_ok=True)
-    made = []
+    made: list[Path] = []
+    if all(frame.empty for frame in logs.values()):
+        return made
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for arm, frame in logs.items():
         if not frame.empty:
@@ -239,7 +241,7 @@ def write_report(args: Namespace, specs: dict[str, tuple[str, int | None]]) -> P
     passk = pass_at_k(out / "eval" / "passk.parquet", specs)
     made = figures(img, logs, audit, passk, specs)
     lines = ["# A miniature replication: does CD-RFT lower control sharing below GRPO?", ""]
-    lines += ["Written by `benchmarks/replication.py` from the run below. " + METHOD, ""]
+    lines += ["Written by `benchmarks/replication.py` from the run below.", "", METHOD, ""]
     lines += command_section(args, out, logs)
     if all(frame.empty for frame in logs.values()):
         lines += ["## Results", "", "Not run yet: run the command above.", ""]

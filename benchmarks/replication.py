@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,18 +113,34 @@ class Runner:
         cmd = [sys.executable, "-m", "cdscope", *argv]
         print(f"[replication] {phase} {name}: {' '.join(cmd[1:])}", flush=True)
         began = time.monotonic()
-        try:
-            subprocess.run(cmd, check=True, timeout=None if math.isinf(remaining) else remaining)
+        with subprocess.Popen(cmd) as child:
+            try:
+                code = child.wait(timeout=None if math.isinf(remaining) else remaining)
+            except subprocess.TimeoutExpired:  # its phase resumes on the next call
+                stop(child)
+                code, status = None, "stopped by --hours"
+            except BaseException:  # Ctrl-C, SIGTERM (main turns it into SystemExit)
+                stop(child)
+                raise
+        if code is not None:
+            if code != 0:
+                raise SystemExit(f"[replication] {name} failed (exit {code}): {' '.join(cmd)}")
             status = "done"
-        except subprocess.TimeoutExpired:  # the child was killed; its phase resumes later
-            status = "stopped by --hours"
-        except subprocess.CalledProcessError as exc:
-            raise SystemExit(f"[replication] {name} failed (exit {exc.returncode}): {cmd}") from exc
         record = {"phase": phase, "name": name, "status": status, "cmd": cmd[1:]}
         record |= {"seconds": round(time.monotonic() - began, 1), "at": time.time()}
         with open(self.out / "timings.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         return status == "done"
+
+
+def stop(child: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s: cdscope's writes are atomic either way."""
+    child.terminate()
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def check_plan(args: argparse.Namespace) -> None:
@@ -218,6 +235,7 @@ def evaluate(args: argparse.Namespace, runner: Runner) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed run stops its child
     check_plan(args)
     with open(args.out / "commands.txt", "a", encoding="utf-8") as handle:  # for the report
         handle.write(" ".join(["python benchmarks/replication.py", *(argv or sys.argv[1:])]) + "\n")

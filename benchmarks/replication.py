@@ -35,14 +35,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 #: every run of the replication: (arm name, --regularizer)
 ARMS = (("grpo", "none"), ("cdrft", "cdrft"))
 FAMILIES = ("math", "code", "logic")
 #: options that do not define the runs (may change between invocations)
-FREE = ("hours", "phases", "doc", "out")
+FREE = ("hours", "phases", "doc", "out", "jobs")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +56,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="optimizer steps of every run")
     p.add_argument("--hours", type=float, default=math.inf, help="wall budget of this call")
     p.add_argument("--phases", default="train,audit,eval,report")
+    p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
     p.add_argument("--doc", type=Path, help="write the report here (figures in its img/)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--prompts-per-step", type=int, default=8)
@@ -104,6 +107,8 @@ class Runner:
     def __init__(self, out: Path, hours: float) -> None:
         self.out = out
         self.deadline = time.monotonic() + hours * 3600.0
+        self.lock = threading.Lock()  # timings.jsonl lines from concurrent training runs
+        self.children: set[subprocess.Popen] = set()  # running commands (stop_all)
 
     def __call__(self, phase: str, name: str, argv: list[str]) -> bool:
         """True when the command finished; False when the budget stopped (or precluded) it."""
@@ -114,6 +119,7 @@ class Runner:
         print(f"[replication] {phase} {name}: {' '.join(cmd[1:])}", flush=True)
         began = time.monotonic()
         with subprocess.Popen(cmd) as child:
+            self.children.add(child)
             try:
                 code = child.wait(timeout=None if math.isinf(remaining) else remaining)
             except subprocess.TimeoutExpired:  # its phase resumes on the next call
@@ -122,15 +128,22 @@ class Runner:
             except BaseException:  # Ctrl-C, SIGTERM (main turns it into SystemExit)
                 stop(child)
                 raise
+            finally:
+                self.children.discard(child)
         if code is not None:
             if code != 0:
                 raise SystemExit(f"[replication] {name} failed (exit {code}): {' '.join(cmd)}")
             status = "done"
         record = {"phase": phase, "name": name, "status": status, "cmd": cmd[1:]}
         record |= {"seconds": round(time.monotonic() - began, 1), "at": time.time()}
-        with open(self.out / "timings.jsonl", "a", encoding="utf-8") as handle:
+        with self.lock, open(self.out / "timings.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         return status == "done"
+
+    def stop_all(self) -> None:
+        """Stop every running command (the main thread was interrupted)."""
+        for child in list(self.children):
+            stop(child)
 
 
 def stop(child: subprocess.Popen) -> None:
@@ -173,32 +186,41 @@ def prune_checkpoints(run: Path, keep_latest: bool) -> None:
         shutil.rmtree(folder)
 
 
-def train(args: argparse.Namespace, runner: Runner) -> bool:
-    """Both arms of every seed, seed by seed (a budget stop leaves whole pairs first)."""
-    for seed in args.seeds:
-        for arm, regularizer in ARMS:
-            run = run_dir(args.out, arm, seed)
-            if (run / "final" / "config.json").is_file():
-                prune_checkpoints(run, keep_latest=False)
-                continue
-            resume = (run / "checkpoints" / "latest").is_file()
-            prune_checkpoints(run, keep_latest=True)
-            argv = [
-                "train", "--model", args.model, "--out-dir", str(run), "--seed", str(seed),
-                "--regularizer", regularizer, "--steps", str(args.steps),
-                "--prompts-per-step", str(args.prompts_per_step),
-                "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
-                "--temperature", str(args.temperature), "--lr", str(args.lr),
-                "--lambda", str(args.lam), "--tau", str(args.tau), "--k-max", str(args.k_max),
-                "--probe-n", str(args.probe_n), "--save-every", str(args.save_every),
-                "--device", args.device,
-                *[x for path in curriculum("train") for x in ("--tasks", path)],
-                *(["--resume"] if resume else []),
-            ]  # fmt: skip
-            if not runner("train", run.name, argv):
-                return False
-            prune_checkpoints(run, keep_latest=False)
+def train_one(args: argparse.Namespace, runner: Runner, arm: str, seed: int) -> bool:
+    """One run to its final model (continuing its latest checkpoint); False: budget stop."""
+    run = run_dir(args.out, arm, seed)
+    if not (run / "final" / "config.json").is_file():
+        resume = (run / "checkpoints" / "latest").is_file()
+        prune_checkpoints(run, keep_latest=True)
+        argv = [
+            "train", "--model", args.model, "--out-dir", str(run), "--seed", str(seed),
+            "--regularizer", dict(ARMS)[arm], "--steps", str(args.steps),
+            "--prompts-per-step", str(args.prompts_per_step),
+            "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
+            "--temperature", str(args.temperature), "--lr", str(args.lr),
+            "--lambda", str(args.lam), "--tau", str(args.tau), "--k-max", str(args.k_max),
+            "--probe-n", str(args.probe_n), "--save-every", str(args.save_every),
+            "--device", args.device,
+            *[x for path in curriculum("train") for x in ("--tasks", path)],
+            *(["--resume"] if resume else []),
+        ]  # fmt: skip
+        if not runner("train", run.name, argv):
+            return False
+    prune_checkpoints(run, keep_latest=False)
     return True
+
+
+def train(args: argparse.Namespace, runner: Runner) -> bool:
+    """Both arms of every seed, seed by seed (a budget stop leaves whole pairs first),
+    ``--jobs`` runs at a time (each a process of its own; mind OMP_NUM_THREADS)."""
+    runs = [(arm, seed) for seed in args.seeds for arm, _ in ARMS]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        try:
+            done = list(pool.map(lambda run: train_one(args, runner, *run), runs))
+        except BaseException:  # SIGTERM / Ctrl-C in the main thread: stop the workers' runs
+            runner.stop_all()
+            raise
+    return all(done)
 
 
 def audit(args: argparse.Namespace, runner: Runner) -> bool:

@@ -12,6 +12,8 @@ from scipy import stats as sps
 from scipy.special import nctdtr
 
 from cdscope.analysis import stats as cs
+from cdscope.analysis.spectral import b_shared
+from cdscope.analysis.uncertainty import FamilySamples, bootstrap_intervals
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 
@@ -159,6 +161,32 @@ def test_bootstrap_interval_contains_the_estimate_where_the_percentile_one_does_
     c_lo, c_hi = cs.bootstrap_interval(draws, estimate)
     assert c_lo <= estimate <= c_hi
     assert c_hi - c_lo == pytest.approx(hi - lo, rel=1e-12)
+
+
+def test_audit_bootstrap_contains_the_value_it_is_drawn_around():
+    """The audit's per-seed interval (uncertainty.bootstrap_intervals): 3 families x n = 3
+    samples where the percentile interval misses B_shared (one of 48 such probes in 200
+    synthetic draws); given the full-sample value, the interval contains it."""
+    rng = np.random.default_rng(3)
+    shared, sets = rng.standard_normal(60), []
+    for _ in range(3):
+        logp = -rng.uniform(5, 30, 3)
+        scale = shared * rng.uniform(0.5, 2) + rng.standard_normal((3, 60)) * rng.uniform(0.5, 3)
+        sets.append(FamilySamples(logp, scale * 0.1 * np.abs(logp)[:, None], np.ones((3, 60))))
+    C = np.stack([s.dlogp.mean(axis=0) / s.logp.mean() for s in sets])
+    w = np.linalg.eigvalsh(C @ C.T)
+    value = {"B_shared_C": w[-1] / w.sum()}
+
+    def measure(families, C, F):  # noqa: N803, ANN001
+        return {"B_shared_C": float(b_shared(C))}
+
+    plain = bootstrap_intervals(["a", "b", "c"], sets, measure, (), B=500, seed=0)
+    assert plain["B_shared_C"][1] < value["B_shared_C"]  # the percentile interval misses it
+    lo, hi = bootstrap_intervals(["a", "b", "c"], sets, measure, (), 500, 0, estimates=value)[
+        "B_shared_C"
+    ]
+    assert lo <= value["B_shared_C"] <= hi
+    assert hi - lo == pytest.approx(plain["B_shared_C"][1] - plain["B_shared_C"][0], rel=1e-12)
 
 
 @settings(max_examples=80, deadline=None)

@@ -61,7 +61,8 @@ def test_wheel_contains_every_shipped_pool_and_task_file(wheel: Path) -> None:
         for p in DATA.rglob("*")
         if p.is_file() and p.suffix in (".jsonl", ".json")
     }
-    assert len(shipped) == 4 + 7  # 3 pools + MANIFEST; 2 splits x 3 families + MANIFEST
+    # 3 pools + MANIFEST; 2 splits x 3 families + MANIFEST; the curriculum: 2 splits x 3 families
+    assert len(shipped) == 4 + 7 + 6
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         assert shipped <= names, sorted(shipped - names)

@@ -221,9 +221,10 @@ def per_seed_frame(
                 notes.append("n = 1: the unbiased Gram needs n >= 2 samples per family")
             values |= corrected_measures(sets, spec.corrected)
             if bootstrap > 0:
-                intervals = bootstrap_intervals(
-                    families, sets, spec.measures, spec.corrected, bootstrap, int(seed)
-                )
+                intervals = bootstrap_intervals(  # centred on the values: contain them
+                    families, sets, spec.measures, spec.corrected, bootstrap, int(seed),
+                    estimates=values,
+                )  # fmt: skip
         for key, value in values.items():
             lo, hi = intervals.get(key, (np.nan, np.nan))
             rows.append(

@@ -258,6 +258,23 @@ def model_options(
     )
 
 
+def refuse_with_from(given: dict[str, object], defaults: dict[str, object]) -> None:
+    """``--from`` reads numbers measured earlier (their model, device and dtype are in that
+    file): an option about loading or measuring a model would be silently ignored, so one
+    given with another value than its default is refused by name, as typed."""
+    changed = [
+        f"--{key.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
+        for key, value in given.items()
+        if value != defaults.get(key) and value not in (None, [], ())
+    ]
+    if changed:
+        raise CdscopeError(
+            f"{', '.join(changed)} does not apply to --from, which reads measurements made "
+            "earlier (their model, device and dtype are in that file): drop it, or measure "
+            "again without --from"
+        )
+
+
 def models_or_embedded(model: list[str] | None) -> list[str]:
     """The --model values, or the embedded default model when none is given."""
     return model or [EMBEDDED_NAME]

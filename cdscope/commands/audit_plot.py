@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cdscope.commands.audit import AuditResult
 from cdscope.output.frames import UNIT_COLUMN
+
+if TYPE_CHECKING:  # the engine draws through this module (run_audit), not the reverse
+    from cdscope.commands.audit import AuditResult
 
 
 def units_plot_path(path: Path) -> Path:

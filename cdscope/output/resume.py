@@ -136,16 +136,14 @@ class _Resume:
         self.mode, self.console, self.key = mode, console, key
 
     def refuse_or_note(self, problem: str, redo: str) -> None:
-        """Mode keep: one line naming ``problem``; recompute: a note that ``redo`` is redone."""
+        """Mode keep: one line naming ``problem`` and how to ``redo`` it; recompute: a note
+        that it is redone."""
         if self.mode == "keep":
             raise CdscopeError(
                 f"--resume: {self.source} {problem}; use another --out, or --resume=recompute "
                 f"to {redo}"
             )
-        dim(
-            self.console,
-            f"--resume=recompute: {self.source} {problem}; {redo.replace('measure', 'measuring')}",
-        )
+        dim(self.console, f"--resume=recompute: {self.source} {problem}; redoing: {redo}")
 
     def run_matches(self, old: dict) -> bool:
         for key, label in RUN_KEYS:

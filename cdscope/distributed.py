@@ -18,6 +18,7 @@ Only rank 0 writes files and talks; the other ranks end their command with
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -144,6 +145,18 @@ def from_main(value: T, launch: Launch) -> T:
     box = [value if launch.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]  # type: ignore[return-value]
+
+
+def exit_on_own_terms() -> None:
+    """On rank 0, once a failure shared by every rank is known: ignore the launcher's
+    SIGTERM from here on. torchrun stops all workers as soon as one exits; the other ranks
+    exit right after the shared failure, and rank 0 would be cut off before it has written
+    the finished work and printed its one line. It exits by itself within moments (the
+    launcher sends SIGKILL after its grace period anyway). A no-op off the main thread."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # signal handlers belong to the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def rank_device(device: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -41,15 +42,26 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def compute_threads() -> int | None:
+    """torch's intra-op thread count when torch is loaded (a run that only reads files
+    computes nothing in torch): reductions split over threads round differently, so it is
+    part of what makes a number bit-exact (docs/resume.md)."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
 def run_metadata(command: str, **fields: object) -> dict:
-    """The metadata every output carries, plus command-specific ``fields``."""
+    """The metadata every output carries, plus command-specific ``fields``: the library
+    versions and thread count that ``--resume`` compares (docs/resume.md)."""
     return {
         "command": command,
         "command_line": shlex.join(["cdscope", *sys.argv[1:]]) if sys.argv else "",
         "cdscope_version": __version__,
         "torch_version": _version("torch"),
         "transformers_version": _version("transformers"),
+        "numpy_version": _version("numpy"),
         "python_version": platform.python_version(),
+        "threads": compute_threads(),
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **fields,
     }
@@ -73,6 +85,13 @@ def remove_empty(folders: Sequence[Path]) -> None:
             folder.rmdir()
         except OSError:
             return  # not empty (another writer's file) or gone: its parents stay too
+
+
+def content_hash(value: object) -> str:
+    """``sha256:`` + 16 hex digits of ``value`` as canonical JSON (sorted keys): the
+    identity of a task, a task set or a file's records, whatever path they came from."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_writable(path: str | Path) -> Path:

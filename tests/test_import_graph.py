@@ -184,6 +184,7 @@ TIERS = (
     ("ground", ("cdscope.errors", "cdscope.finite", "cdscope.io", "cdscope.messages",
                 "cdscope.resources", "cdscope.hooks", "cdscope.settings", "cdscope.distributed",
                 "cdscope.schemas", "cdscope.embedded",
+                "cdscope.lock", "cdscope.fileset", "cdscope.launch",
                 "cdscope.version")),
     ("analysis", ("cdscope.analysis",)),
     ("core", ("cdscope.core", "cdscope.tasks")),

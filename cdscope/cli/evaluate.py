@@ -69,8 +69,11 @@ def parse_max_new_tokens(text: str | None) -> dict[str, int]:
         raise CdscopeError(
             f"--max-new-tokens takes N or DOMAIN=N,... (e.g. 128 or code=256,logic=192); got {text!r}"
         ) from None
-    if any(v < 1 for v in out.values()):
-        raise CdscopeError(f"--max-new-tokens values must be >= 1; got {text!r}")
+    if any(not 1 <= v <= COUNT_MAX for v in out.values()):
+        raise CdscopeError(
+            f"--max-new-tokens values must lie in [1, {COUNT_MAX:,}] (tokens per completion); "
+            f"got {text!r}"
+        )
     return out
 
 
@@ -209,7 +212,7 @@ def eval_command(
     overall (mean of domains), plus the --hard subset. Writes OUT/samples.parquet (one
     row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
     """
-    from cdscope.commands.evaluate import check_backend, evaluate, read_hard_ids
+    from cdscope.commands.evaluate import check_backend, eval_outputs, evaluate, read_hard_ids
     from cdscope.io import check_plot_path, check_writable
     from cdscope.tasks import default_task_paths, load_tasks
 
@@ -251,29 +254,35 @@ def eval_command(
     hard_ids = read_hard_ids(hard, loaded_tasks) if hard else None
     tables: dict[str, pd.DataFrame] = {}  # --json: one object with every table shown
     outputs: dict[str, str] = {}
+    with eval_outputs(out, run_models, audit, plot) as files:  # locked now, committed together
+        if audit:
+            from cdscope.commands.evaluate import contamination_audit
+
+            frame, target = contamination_audit(
+                loaded_tasks, task_paths, audit_train, audit_probe, out, files
+            )
+            tables["contamination"], outputs["contamination"] = frame, str(target)
+        if run_models:
+            result = evaluate(
+                models_or_embedded(model), loaded_tasks, settings, out, options, resume_with,
+                hard_ids, err_console, files,
+            )  # fmt: skip
+            if plot is not None:
+                from cdscope.output.plots import plot_passk
+
+                plot_passk(
+                    files.path(plot), result.passk, list(dict.fromkeys(models_or_embedded(model)))
+                )
     if audit:
-        from cdscope.commands.evaluate import contamination_audit
         from cdscope.output.render import contamination_table
 
-        frame, target = contamination_audit(loaded_tasks, task_paths, audit_train, audit_probe, out)
-        tables["contamination"], outputs["contamination"] = frame, str(target)
         if not as_json:
-            out_console.print(contamination_table(frame))
-        wrote(err_console, str(target))
+            out_console.print(contamination_table(tables["contamination"]))
+        wrote(err_console, outputs["contamination"])
     if not run_models:
         if as_json:
             print_json("eval", tables, outputs=outputs)
         return
-    result = evaluate(
-        models_or_embedded(model),
-        loaded_tasks,
-        settings,
-        out,
-        options,
-        resume_with,
-        hard_ids,
-        err_console,
-    )
     if as_json:
         tables |= {"passk": result.passk, "stats": result.stats}
         outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
@@ -284,9 +293,6 @@ def eval_command(
         out_console.print(passk_table(result.passk, list(dict.fromkeys(models_or_embedded(model)))))
         out_console.print(stats_table(result.stats))
     if plot is not None:
-        from cdscope.output.plots import plot_passk
-
-        plot_passk(plot, result.passk, list(dict.fromkeys(models_or_embedded(model))))
         wrote(err_console, str(plot))
     wrote(
         err_console,

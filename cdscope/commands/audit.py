@@ -1,15 +1,17 @@
 """Shared engine of ``bshared``, ``acg`` and ``decompose`` (SPEC §3, §4).
 
 1. Obtain the probe frame (C, F, l_m per model, seed, family, gate): measure the
-   models (``collect_control``) or read an earlier ``probe`` Parquet (``--from``).
+   models (``collect_control``) or read an earlier ``probe`` Parquet (``--from``);
+   ``audit_run.run_audit`` does this and writes the outputs.
 2. Per (model, seed): evaluate the command's measures on the kept families' C and F.
 3. Over seeds: mean ± SE per model and measure; against the first model, same-seed
    paired differences Delta_s = value_model(s) - value_reference(s) with SE, the count
    of negative Delta_s and the 95% Student-t interval.
 
-Outputs: ``OUT`` (one row per model x seed x measure), ``OUT.summary.parquet`` (means
-and paired rows) and, when models were measured, ``OUT.probe.parquet`` (the raw probe
-frame, reusable with ``--from`` and ``--resume``).
+Outputs, written as one set (``cdscope.fileset``: all or nothing, one writer at a time):
+``OUT`` (one row per model x seed x measure), ``OUT.summary.parquet`` (means and paired
+rows), ``OUT.convergence.parquet``, the figure and, when models were measured,
+``OUT.probe.parquet`` (the raw probe frame, reusable with ``--from`` and ``--resume``).
 
 The tables are tidy (docs/api.md): a measure of one family (PR, top1%) names it in
 ``family``, a measure of a family pair (abs_cos) in ``family`` and ``family_b``, and
@@ -27,6 +29,7 @@ These need the per-sample probe columns; an older probe file gets a one-line not
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,14 +47,12 @@ from cdscope.analysis.uncertainty import (
     corrected_measures,
     direction_stability,
 )
-from cdscope.commands.audit_inputs import check_probe_frame, read_probe_frame
-from cdscope.core.probes import load_pool
+from cdscope.commands.audit_inputs import check_probe_frame
 from cdscope.errors import CdscopeError
-from cdscope.io import run_metadata, write_parquet
+from cdscope.fileset import FileSet
+from cdscope.io import run_metadata
 from cdscope.messages import warn
 from cdscope.output.frames import (
-    ModelOptions,
-    ProbeSettings,
     control_matrices,
     sample_sets,
 )
@@ -319,72 +320,6 @@ def paired_against_reference(
     return pd.DataFrame(rows, columns=columns)
 
 
-def obtain_probe_frame(
-    command: str,
-    out: Path,
-    model_specs: list[str] | None,
-    from_path: Path | None,
-    settings: ProbeSettings,
-    probe_paths: list[Path] | None,
-    options: ModelOptions,
-    resume: bool,
-    console: Console,
-    explicit: dict[str, object] | None = None,
-) -> tuple[pd.DataFrame, dict]:
-    """Read the ``--from`` probe file, or measure the models into ``OUT.probe.parquet``."""
-    if from_path is not None:
-        if model_specs:
-            raise CdscopeError("--from reads an existing probe file: do not also pass --model")
-        probe_frame, probe_meta = read_probe_frame(from_path, explicit or {})
-    else:
-        pool = load_pool(probe_paths)
-        if len(pool.families) < 2:
-            raise CdscopeError(
-                f"B_shared needs at least 2 task families (M >= 2); the probe has {len(pool.families)}: "
-                f"{', '.join(pool.families)}"
-            )
-        from cdscope.commands.probe import collect_control  # the model stack, only when measuring
-
-        probe_frame, probe_meta = collect_control(
-            model_specs or [],
-            pool,
-            settings,
-            sibling(out, "probe"),
-            options,
-            resume,
-            console,
-            command,
-        )
-    return probe_frame, probe_meta
-
-
-def run_audit(
-    spec: AuditSpec,
-    out: Path,
-    model_specs: list[str] | None,
-    from_path: Path | None,
-    settings: ProbeSettings,
-    probe_paths: list[Path] | None,
-    options: ModelOptions,
-    resume: bool | str,
-    console: Console,
-    explicit: dict[str, object] | None = None,
-    bootstrap: int = 1000,
-    detect: float = DETECT,
-    fail_above: float | None = None,
-) -> AuditResult:
-    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs
-    (``fail_above``, the CI gate's threshold in percent, is recorded in their metadata)."""
-    probe_frame, probe_meta = obtain_probe_frame(
-        spec.command, out, model_specs, from_path, settings, probe_paths, options, resume,
-        console, explicit,
-    )  # fmt: skip
-    source = str(from_path) if from_path else "measured"
-    return evaluate_audit(
-        spec, probe_frame, probe_meta, console, source, out, bootstrap, detect, fail_above
-    )
-
-
 def evaluate_audit(
     spec: AuditSpec,
     probe_frame: pd.DataFrame,
@@ -394,11 +329,12 @@ def evaluate_audit(
     out: Path | None = None,
     bootstrap: int = 1000,
     detect: float = DETECT,
+    outputs: FileSet | None = None,
     fail_above: float | None = None,
 ) -> AuditResult:
     """Per-seed measures, their summary, paired rows and the direction check from a probe
     frame; written (per-seed to ``out``, summary and convergence beside it) when ``out``
-    is given."""
+    is given, into ``outputs`` (a set of these three files alone when None)."""
     check_probe_frame(probe_frame)
     models = list(dict.fromkeys(probe_frame["model"]))
     ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
@@ -443,12 +379,14 @@ def evaluate_audit(
         **({"fail_above": fail_above} if fail_above is not None else {}),
     )
     if out is not None:
-        write_parquet(per_seed, out, metadata)
         both = pd.concat(
             [summary.assign(kind="mean"), paired.assign(kind="paired")], ignore_index=True
         )
-        write_parquet(both, sibling(out, "summary"), metadata)
-        write_parquet(convergence, sibling(out, "convergence"), metadata)
+        own = FileSet(out, sibling(out, "summary"), sibling(out, "convergence"))
+        with contextlib.nullcontext(outputs) if outputs else own as files:
+            files.write_parquet(per_seed, out, metadata)
+            files.write_parquet(both, sibling(out, "summary"), metadata)
+            files.write_parquet(convergence, sibling(out, "convergence"), metadata)
     return AuditResult(
         spec.command,
         per_seed,

@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdscope.commands.audit import AuditResult
 from cdscope.output.frames import UNIT_COLUMN
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the engine draws through this module (run_audit), not the reverse
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+    from cdscope.commands.audit import AuditResult
 
 #: the measures each audit's bars show, and its title
 FIGURES = {

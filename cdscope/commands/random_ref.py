@@ -15,9 +15,11 @@ import pandas as pd
 
 from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_reference
 from cdscope.errors import CdscopeError
-from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
+from cdscope.fileset import FileSet
+from cdscope.io import check_plot_path, check_writable, run_metadata
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
+ROUNDING = 0.0005  # half the 0.1 % step of the tables: how far a typed --value may undercut 1/M
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,8 @@ def random_reference_result(
 ) -> RandomReferenceResult:
     """Check the inputs, take K from ``model`` when ``gates`` is None, sample, summarise.
 
-    ``value`` is a measured B_shared as a fraction in (0, 1]; its percentile among the
-    samples is reported.
+    ``value`` is a measured B_shared as a fraction in [1/M, 1] (B_shared of M rows is never
+    below 1/M); its percentile among the samples is reported.
     """
     if families < 2:
         raise CdscopeError(
@@ -64,8 +66,12 @@ def random_reference_result(
         )
     if trials < 1:
         raise CdscopeError(f"--trials must be at least 1; got {trials}")
-    if value is not None and not 0 < value <= 1:
-        raise CdscopeError(f"--value is a percentage in (0, 100]; got {100 * value:g}")
+    # the tables print B_shared to 0.1 %: a value typed from them may sit 0.05 points below
+    if value is not None and not 1 / families - ROUNDING <= value <= 1:  # NaN fails both
+        raise CdscopeError(
+            f"--value is a percentage between 1/M = {100 / families:.4g} (no B_shared of "
+            f"M = {families} families is lower) and 100; got {100 * value:g}"
+        )
     if gates is None:
         if model is None:
             raise CdscopeError("give --gates K, or --model to take K from a model")
@@ -110,7 +116,7 @@ def run_random_reference(
 ) -> tuple[RandomReferenceResult, Path]:
     """The ``random-ref`` workflow: options and output paths checked before sampling, the
     T samples written to ``out`` (statistics in its metadata), the histogram to ``plot``.
-    ``value`` is a fraction in (0, 1] as in ``random_reference_result``."""
+    ``value`` is a fraction in [1/M, 1] as in ``random_reference_result``."""
     if gates is not None and model is not None:  # -K would be silently ignored
         raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
     if granularity is not None and model is None:
@@ -121,9 +127,10 @@ def run_random_reference(
     result = random_reference_result(
         families, gates, trials, seed, value, model, granularity or "sublayer"
     )
-    write_parquet(result.frame, target, run_metadata("random-ref", **result.stats))
-    if plot is not None:
-        draw_random_reference(plot, result)
+    with FileSet(target, plot) as outputs:  # the samples and the figure: both or neither
+        outputs.write_parquet(result.frame, target, run_metadata("random-ref", **result.stats))
+        if plot is not None:
+            draw_random_reference(outputs.path(plot), result)
     return result, target
 
 

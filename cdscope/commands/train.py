@@ -3,12 +3,15 @@
 Everything a user can get wrong is checked here, before the model loads where possible,
 each with one ``CdscopeError`` line: malformed task files (``tasks.load_tasks``), a probe
 family without training tasks, ``--tau`` outside [100/M, 100], non-positive sizes, an
-output folder that cannot be written or already holds a run (without ``--resume``).
+output folder that cannot be written or already holds a run (without ``--resume``), a
+second run writing the same folder (``lock.OutputLock``), and a ``--resume`` whose probe,
+task files or model differ in content from the run it continues (``check_resumed_run``).
 The hf backend is ``train.loop``; the trl backend is ``integrations.trl``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,10 +21,11 @@ from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.probes import load_pool
-from cdscope.distributed import rank_device, single_process_only
+from cdscope.distributed import is_main_process, rank_device, single_process_only
 from cdscope.errors import CdscopeError
-from cdscope.io import check_writable, run_metadata
-from cdscope.messages import make_console
+from cdscope.io import check_writable, content_hash, read_parquet, run_metadata
+from cdscope.lock import OutputLock
+from cdscope.messages import make_console, warn
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
 from cdscope.train.config import TrainConfig
 from cdscope.train.loop import train
@@ -114,6 +118,7 @@ def prepare(
         config=cfg.to_dict(),
         model=model_info,
         probe_hash=pool.hash,
+        tasks_hash=content_hash([t.to_record() for t in tasks]),
         probe_files=list(pool.paths),
         probe_families=pool.families,
         probe_items=probe.item_ids,
@@ -147,9 +152,57 @@ def run_train(
 
         require_trl()
     require_tracker(cfg.report_to)  # --report-to: the tracker's package, before the model
-    inputs = prepare(cfg, console, model, tokenizer, reward_fn)
-    if cfg.backend == "trl":
-        from cdscope.integrations.trl import train_with_trl
+    # one writer per run folder (rank 0 only under a launcher: the TRL ranks share it)
+    lock = OutputLock(cfg.out_dir) if is_main_process() else contextlib.nullcontext()
+    with lock:
+        inputs = prepare(cfg, console, model, tokenizer, reward_fn)
+        if resume:
+            check_resumed_run(Path(cfg.out_dir), inputs.metadata, console)
+        if cfg.backend == "trl":
+            from cdscope.integrations.trl import train_with_trl
 
-        return train_with_trl(inputs, resume=resume, console=console, **cfg.extra.get("trl", {}))
-    return train(inputs, resume=resume, console=console, stop_after=stop_after)
+            extra = cfg.extra.get("trl", {})
+            return train_with_trl(inputs, resume=resume, console=console, **extra)
+        return train(inputs, resume=resume, console=console, stop_after=stop_after)
+
+
+#: what a resumed run must share with the run it continues, beside the settings the
+#: checkpoint compares (``train.checkpoint.check_resumable``): contents, not paths
+RUN_IDENTITY = (("probe_hash", "probe content"), ("tasks_hash", "training task content"))
+
+
+def check_resumed_run(out_dir: Path, metadata: dict, console: Console) -> None:
+    """``--resume`` continues the run in ``out_dir`` only with the same probe and task
+    contents and the same model (content hash, dtype, device type), as recorded in its
+    ``log.parquet``; one line naming what changed otherwise. Other library versions or
+    thread counts are warned about (the steps taken now round differently)."""
+    from cdscope.output.resume import environment_changes, recorded_identity
+
+    log = out_dir / LOG_NAME
+    if not log.is_file():
+        if any((out_dir / folder).is_dir() for folder in ("checkpoints", "trl")):
+            raise CdscopeError(
+                f"--resume: {log} is missing, so the inputs of the run in {out_dir} cannot be "
+                "checked against this one; start a new --out-dir"
+            )
+        return  # nothing was logged: the checkpoint check refuses or starts cleanly
+    old = read_parquet(log)[1]
+    for key, label in RUN_IDENTITY:
+        if old.get(key) != metadata.get(key):
+            raise CdscopeError(
+                f"--resume: the {label} differs from the run in {out_dir} ({old.get(key)} vs "
+                f"{metadata.get(key)}): the files were edited or others given; resume with the "
+                "same files or start a new --out-dir"
+            )
+    before, now = recorded_identity(old.get("model") or {}), recorded_identity(metadata["model"])
+    if before != now:
+        changed = ", ".join(k for k in now if before[k] != now[k])
+        raise CdscopeError(
+            f"--resume: the model of the run in {out_dir} was {before} but is now {now} "
+            f"({changed} changed); resume with the same model or start a new --out-dir"
+        )
+    changes = environment_changes(old, metadata)
+    if changes:
+        warn(console, f"--resume: {out_dir} was trained with other libraries or threads "
+                      f"({', '.join(changes)}): the steps taken now round differently "
+                      "(docs/resume.md)")  # fmt: skip

@@ -35,6 +35,7 @@ from torch import nn
 
 from cdscope.errors import CdscopeError
 from cdscope.io import WriteFailed, atomic_dir, atomic_write_bytes
+from cdscope.train.config import TrainConfig
 
 LATEST = "latest"
 
@@ -194,3 +195,28 @@ def load_checkpoint(
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise CdscopeError(f"--resume: checkpoint {path} cannot be loaded: {exc}") from exc
     return Checkpoint(path, int(record["step"]), record["config"], list(record["log"]))
+
+
+#: settings that must match the checkpoint for ``--resume`` to continue the same run. The
+#: model, task and probe files are compared by content, not by the paths in the config
+#: (``commands.train.check_resumed_run``): a moved file is the same input, an edited
+#: one is not
+RESUME_FIXED = (
+    "steps", "prompts_per_step", "group_size", "max_new_tokens", "temperature",
+    "top_p", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "clip_eps", "beta",
+    "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
+    "template", "seed", "micro_batch_size", "rollout_batch_size",
+    "probe_batch_size", "verify_timeout", "dtype", "attn", "backend", "granularity",
+)  # fmt: skip
+
+
+def check_resumable(checkpoint: Checkpoint, cfg: TrainConfig) -> None:
+    """One line naming the ``RESUME_FIXED`` settings in which ``cfg`` differs from the
+    checkpointed run's."""
+    saved = TrainConfig.from_dict(checkpoint.config)
+    changed = [k for k in RESUME_FIXED if getattr(saved, k) != getattr(cfg, k)]
+    if changed:
+        raise CdscopeError(
+            f"--resume: settings differ from the checkpointed run ({', '.join(changed)}); "
+            "resume with the same settings or start a new --out-dir"
+        )

@@ -158,7 +158,10 @@ class TrainConfig:
                 raise CdscopeError(f"{flag} must be a finite number; got {value}")
         if not 0 <= self.seed <= SEED_MAX:
             raise CdscopeError(f"--seed must lie in [0, {SEED_MAX}]; got {self.seed}")
-        for name in ("steps", "prompts_per_step", "group_size", "probe_n", "micro_batch_size"):
+        for name in (
+            "steps", "prompts_per_step", "group_size", "max_new_tokens", "probe_n",
+            "micro_batch_size",
+        ):  # fmt: skip
             if getattr(self, name) > COUNT_MAX:
                 raise CdscopeError(f"--{name.replace('_', '-')} must be at most {COUNT_MAX:,}")
         positive = {

@@ -42,21 +42,16 @@ from cdscope.core.generation import sample
 from cdscope.errors import CdscopeError
 from cdscope.io import write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.train.checkpoint import latest_checkpoint_path, load_checkpoint, save_checkpoint
-from cdscope.train.config import TrainConfig
+from cdscope.train.checkpoint import (
+    check_resumable,
+    latest_checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
 from cdscope.train.grpo import backbone_backward, group_advantages
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
 from cdscope.train.tracking import tracking
-
-#: settings that must match the checkpoint for ``--resume`` to continue the same run
-RESUME_FIXED = (
-    "model", "steps", "prompts_per_step", "group_size", "max_new_tokens", "temperature",
-    "top_p", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "clip_eps", "beta",
-    "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
-    "template", "seed", "tasks", "probe_files", "micro_batch_size", "rollout_batch_size",
-    "probe_batch_size", "verify_timeout", "dtype", "attn", "backend", "granularity",
-)  # fmt: skip
 
 
 def step_task_indices(num_tasks: int, seed: int, step: int, per_step: int) -> list[int]:
@@ -110,13 +105,7 @@ def train(
     start_step, log_rows, resumed_from = 0, [], None
     if resume:
         checkpoint = load_checkpoint(out_dir, model, optimizer, scheduler)
-        saved = TrainConfig.from_dict(checkpoint.config)
-        changed = [k for k in RESUME_FIXED if getattr(saved, k) != getattr(cfg, k)]
-        if changed:
-            raise CdscopeError(
-                f"--resume: settings differ from the checkpointed run ({', '.join(changed)}); "
-                "resume with the same settings or start a new --out-dir"
-            )
+        check_resumable(checkpoint, cfg)
         start_step, log_rows, resumed_from = checkpoint.step, checkpoint.log_rows, checkpoint.step
     elif latest_checkpoint_path(out_dir) is not None:
         raise CdscopeError(

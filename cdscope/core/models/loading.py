@@ -118,16 +118,60 @@ def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return _HASHED[key]
 
 
-def _weights_hash(directory: Path) -> str:
-    """Content hash of a local model directory: config plus every weight file."""
-    digest = hashlib.sha256()
-    files = sorted(
-        p
-        for p in directory.iterdir()
-        if p.suffix in (".safetensors", ".bin", ".json") and "tokenizer" not in p.name
+#: what decides a local model's numbers: weights, config and generation config, every
+#: tokenizer file (tokenizer.json, vocab/merges, SentencePiece .model, special tokens),
+#: the chat template (.jinja, chat_template.json, additional_chat_templates/) and remote
+#: modelling code (.py); all of these are hashed by content
+_IDENTITY_SUFFIXES = frozenset(
+    (".safetensors", ".bin", ".pt", ".pth", ".json", ".model", ".txt", ".jinja", ".py", ".tiktoken")
+)
+#: files with those suffixes that decide nothing: documentation and the optimizer / RNG /
+#: trainer state that a Trainer checkpoint folder holds beside the model
+_IGNORED_NAMES = frozenset(
+    ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "trainer_state.json",
+     "training_args.bin", "cdscope-source.json")
+)  # fmt: skip
+_IGNORED_PREFIXES = (
+    "readme",
+    "license",
+    "licence",
+    "notice",
+    "citation",
+    "use_policy",
+    "rng_state",
+)
+#: subfolders read by from_pretrained (``transformers.utils.hub.CHAT_TEMPLATE_DIR``)
+_IDENTITY_FOLDERS = ("additional_chat_templates",)
+
+
+def _decides_numbers(path: Path) -> bool:
+    name = path.name.lower()
+    return (
+        path.is_file()
+        and not name.startswith(".")
+        and path.suffix.lower() in _IDENTITY_SUFFIXES
+        and name not in _IGNORED_NAMES
+        and not name.startswith(_IGNORED_PREFIXES)
     )
-    for path in files:
-        digest.update(path.name.encode())
+
+
+def identity_files(directory: Path) -> list[Path]:
+    """The files of a local model directory that decide its numbers (``_IDENTITY_SUFFIXES``),
+    in a fixed order: top-level files, then those of ``_IDENTITY_FOLDERS``."""
+    found = [p for p in directory.iterdir() if _decides_numbers(p)]
+    for folder in _IDENTITY_FOLDERS:
+        if (directory / folder).is_dir():
+            found += [p for p in (directory / folder).iterdir() if _decides_numbers(p)]
+    return sorted(found, key=lambda p: p.relative_to(directory).as_posix())
+
+
+def _weights_hash(directory: Path) -> str:
+    """Content identity of a local model directory: SHA-256 over the name (relative to the
+    directory, so the directory's own path is not part of it) and content hash of every
+    ``identity_files`` file. Each file's hash is memoised per process (``_sha256_file``)."""
+    digest = hashlib.sha256()
+    for path in identity_files(directory):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
         digest.update(_sha256_file(path).encode())
     return "sha256:" + digest.hexdigest()[:16]
 

@@ -38,7 +38,7 @@ import pandas as pd
 
 from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
-from cdscope.io import WriteFailed, atomic_write_bytes, write_parquet
+from cdscope.io import WriteFailed, atomic_write_bytes, make_parents, remove_empty, write_parquet
 from cdscope.lock import OutputLock
 
 
@@ -98,6 +98,7 @@ class FileSet:
         self._locks: list[OutputLock] = []
         self._staging: dict[Path, Path] = {}  # target folder -> its staging folder
         self._remove: list[Path] = []
+        self._made: list[Path] = []  # folders staging created: removed on abort if empty
         self._scratch: Path | None = None  # inert sets: a private folder, discarded
         launch = launch_env()
         self.active = launch.is_main
@@ -135,7 +136,7 @@ class FileSet:
         self.lock()
         folder = final.parent
         if folder not in self._staging:
-            folder.mkdir(parents=True, exist_ok=True)
+            self._made += make_parents(folder / "staged")
             staging = tempfile.mkdtemp(dir=folder, prefix=_staging_prefix(self.primary))
             self._staging[folder] = Path(staging)
         return self._staging[folder] / final.name
@@ -187,6 +188,7 @@ class FileSet:
         for staging in self._staging.values():
             shutil.rmtree(staging, ignore_errors=True)
         self._staging = {}
+        remove_empty(self._made)
 
     def __enter__(self) -> FileSet:
         if not self._deferred:

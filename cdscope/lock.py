@@ -33,6 +33,7 @@ import threading
 from pathlib import Path
 
 from cdscope.errors import CdscopeError
+from cdscope.io import make_parents, remove_empty
 
 try:
     import fcntl
@@ -96,6 +97,7 @@ class OutputLock:
         self.path = lock_path(self.target)
         self._fd: int | None = None
         self._key = ""
+        self._made: list[Path] = []  # folders acquire created: removed on release if empty
 
     def _busy(self, holder: dict, extra: str = "") -> OutputBusy:
         return OutputBusy(
@@ -105,7 +107,7 @@ class OutputLock:
 
     def acquire(self) -> OutputLock:
         """Take the lock or raise ``OutputBusy`` (one line naming the holder)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._made = make_parents(self.path)
         self._key = str(self.path.resolve())
         with _HELD_GUARD:
             if self._key in _HELD:
@@ -191,6 +193,7 @@ class OutputLock:
         self._close()
         with _HELD_GUARD:
             _HELD.discard(self._key)
+        remove_empty(self._made)  # a run that wrote nothing leaves no empty folder behind
 
     @property
     def held(self) -> bool:

@@ -21,7 +21,7 @@ from cdscope.cli import app
 from cdscope.errors import CdscopeError
 from cdscope.fileset import partial_path
 from cdscope.output.frames import FRAME_COLUMNS
-from tests.helpers import byte_tokenizer, tiny_model, write_pool
+from tests.helpers import byte_tokenizer, tiny_model, write_foreign_parquet, write_pool
 
 runner = CliRunner()
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -112,15 +112,7 @@ def probe_file(path: Path, families=("code", "logic", "math"), seeds=(0, 1), **c
             "models": [{"name": "m", "K": 4}], "probe_hash": "sha256:x"}  # fmt: skip
     if not change:
         return cio.write_parquet(frame, path, meta)
-    # a changed file as another writer would leave it: cdscope's own writer refuses a
-    # column of the wrong type (cdscope.schemas), so plain pyarrow writes this one
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    extra = {**(table.schema.metadata or {}), cio.METADATA_KEY: json.dumps(meta).encode()}
-    pq.write_table(table.replace_schema_metadata(extra), path)
-    return path
+    return write_foreign_parquet(frame, path, meta)  # as another writer would leave it
 
 
 # -- 4 + 7: any writer error during an atomic write -> one line, temp removed ------------

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from cdscope import io as cio
 from cdscope.cli import app
 from cdscope.output.frames import FRAME_COLUMNS
-from tests.helpers import write_pool
+from tests.helpers import write_foreign_parquet, write_pool
 
 runner = CliRunner()
 FUZZ = settings(
@@ -395,7 +395,7 @@ def test_crafted_from_files_are_one_line(files, tmp_path, case, command) -> None
     LinAlgError, ValueError and TypeError tracebacks)."""
     change, message = CRAFTED[case]
     frame, meta = _with_samples(files, tmp_path)
-    source = cio.write_parquet(change(frame), tmp_path / "c.probe.parquet", meta)
+    source = write_foreign_parquet(change(frame), tmp_path / "c.probe.parquet", meta)
     out = tmp_path / "o.parquet"
     extra = ["--ns", "1,2"] if command == "nsweep" else []
     result = runner.invoke(app, [command, "--from", str(source), *extra, "-o", str(out)])

@@ -10,6 +10,7 @@ The hf backend is ``train.loop``; the trl backend is ``integrations.trl``.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.probes import load_pool
-from cdscope.distributed import rank_device, single_process_only
+from cdscope.distributed import launch_env, process_group, rank_device, single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, run_metadata
 from cdscope.messages import make_console
@@ -136,9 +137,36 @@ def run_train(
     tokenizer: Any = None,
     reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
 ) -> TrainResult:
-    """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL)."""
+    """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL).
+
+    ``--sharding fsdp`` runs the hf loop on every rank of a launch, inside the launch's
+    process group (joined here, destroyed at the end)."""
+    cfg.validate()
+    if cfg.sharding == "fsdp":
+        launch = launch_env()
+        if "MASTER_ADDR" not in os.environ:
+            raise CdscopeError(
+                "--sharding fsdp shards the model over the ranks of a launch: start it with "
+                "torchrun --nproc_per_node N -m cdscope.cli -- train ... (docs/distributed.md)"
+            )
+        from cdscope.core.models.loading import resolve_device
+
+        with process_group(launch, resolve_device(rank_device(cfg.device)).type):
+            return _run(cfg, resume, console, stop_after, model, tokenizer, reward_fn)
     if cfg.backend != "trl":  # the built-in loop is one process; TRL shards under a launcher
         single_process_only(f"train --backend {cfg.backend}")
+    return _run(cfg, resume, console, stop_after, model, tokenizer, reward_fn)
+
+
+def _run(
+    cfg: TrainConfig,
+    resume: bool,
+    console: Console | None,
+    stop_after: int | None,
+    model: Any,
+    tokenizer: Any,
+    reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None,
+) -> TrainResult:
     console = console or make_console()
     if cfg.extra.get("trl") and cfg.backend != "trl":
         raise CdscopeError("--trl-arg only applies with --backend trl")

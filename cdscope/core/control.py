@@ -154,8 +154,9 @@ def control_autograd(
             gates = torch.ones(len(rows), K, device=device, dtype=dtype, requires_grad=True)
             with gm.gating(gates, capture_norms=True) as capture:
                 logp = row_target_logprobs(model, batch, rows)
-            objective = (logp.double() * weights[rows].to(logp.device)).sum()
-            (grad,) = torch.autograd.grad(objective, gates)
+                objective = (logp.double() * weights[rows].to(logp.device)).sum()
+                # inside the block: activation checkpointing reruns the forward here
+                (grad,) = torch.autograd.grad(objective, gates)
             row_logp[rows] = logp.detach().double().cpu()
             row_grad[rows] = grad.double().cpu()
             row_F[rows] = (

@@ -50,6 +50,7 @@ from cdscope.core.gates import GatedModel
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
 from cdscope.core.regularizer_precision import check_realised_perturbation, check_step_resolution
+from cdscope.distributed import held_unsharded, is_sharded
 from cdscope.errors import CdscopeError
 
 W_FLOOR = 1e-12
@@ -106,11 +107,92 @@ def _safe_inverse(ell: torch.Tensor) -> torch.Tensor:
     return 1.0 / torch.where(ell.abs() < EPS0, ell + EPS0 * sign, ell)
 
 
-def _grads(
-    output: torch.Tensor, params: list[nn.Parameter], retain: bool = False
-) -> list[torch.Tensor]:
-    grads = torch.autograd.grad(output, params, allow_unused=True, retain_graph=retain)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+class GradSink:
+    """Sums the parameter gradients of an estimator's per-chunk objectives, and refuses to
+    return a silent zero.
+
+    Unsharded model: ``torch.autograd.grad`` of each chunk's objective w.r.t. ``params``,
+    summed here (the caller's ``.grad`` untouched). FSDP2-sharded model
+    (``distributed.is_sharded``): the forward ran on all-gathered copies, so autograd does not
+    reach the DTensor shards; each chunk's objective goes through ``backward()`` and FSDP
+    reduce-scatters it into the shards' ``.grad`` (the mean over ranks, which all run the same
+    probe: the gradient itself). The caller's ``.grad`` of every parameter are set aside first
+    and restored at the end, so only the estimator's gradient is read.
+
+    A parameter that no chunk's gradient reached (autograd's None) is an error naming it,
+    never a zero: under FSDP that is a forward that bypassed the sharded module's own
+    forward; otherwise a parameter that takes no part in the probe's log-likelihood.
+    """
+
+    def __init__(self, model: nn.Module, params: list[nn.Parameter], what: str) -> None:
+        self.model, self.params, self.what = model, params, what
+        self.sharded = is_sharded(model)
+        self.grads: list[torch.Tensor] = (
+            [] if self.sharded else [torch.zeros_like(p) for p in params]
+        )
+        self.reached = [False] * len(params)
+        self.kept: list[tuple[nn.Parameter, torch.Tensor | None]] = []
+
+    def __enter__(self) -> GradSink:
+        if self.sharded:
+            self.kept = [(p, p.grad) for p in self.model.parameters()]
+            for p, _ in self.kept:
+                p.grad = None
+        return self
+
+    def add(self, output: torch.Tensor) -> None:
+        """Add the gradient of the scalar ``output`` (its graph is freed)."""
+        if self.sharded:
+            output.backward()
+            return
+        grads = torch.autograd.grad(output, self.params, allow_unused=True)
+        for i, g in enumerate(grads):
+            if g is not None:
+                self.grads[i].add_(g)
+                self.reached[i] = True
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self.sharded:
+            self.grads = [p.grad for p in self.params]  # type: ignore[misc]
+            self.reached = [g is not None for g in self.grads]
+            for p, kept in self.kept:
+                p.grad = kept
+        if exc_type is None:
+            require_reached(self.model, self.params, self.reached, self.what)
+
+
+def require_reached(
+    model: nn.Module, params: Sequence[nn.Parameter], reached: Sequence[bool], what: str
+) -> None:
+    """One ``CdscopeError`` line naming the parameters a gradient should have reached and
+    did not (``reached[i]`` False), instead of a zero standing in for the missing gradient."""
+    from torch.distributed.tensor import DTensor
+
+    missing = [p for p, ok in zip(params, reached, strict=True) if not ok]
+    if not missing:
+        return
+    names = {id(p): n for n, p in model.named_parameters()}
+    listed = ", ".join(names.get(id(p), f"<unnamed {tuple(p.shape)}>") for p in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    if is_sharded(model):
+        cause = (
+            "under FSDP2 a gradient reaches a shard only through a backward of the root "
+            "module's own forward: run forwards through model(...) and detach no module output"
+        )
+    elif any(isinstance(p, DTensor) for p in missing):
+        cause = (
+            "they are FSDP2 shards under an unsharded root: fully_shard the root module too, "
+            "so the forward all-gathers and the backward reduce-scatters for them"
+        )
+    else:
+        cause = (
+            "they take no part in the loss as computed; freeze them (requires_grad=False) "
+            "or leave them out of the parameters"
+        )
+    raise CdscopeError(
+        f"{what}: no gradient reached {len(missing)} trainable parameter(s) ({listed}{more}), "
+        f"which a zero would leave silently untrained; {cause}"
+    )
 
 
 def _double_backward_error(exc: RuntimeError, model: nn.Module) -> CdscopeError:
@@ -158,19 +240,19 @@ def exact_grad(
     scale = torch.where(kept, 1.0 / (batch.family_sizes().double() * ell), 0.0)  # 1/(n_m l_m)
     row_W = (W * scale[:, None])[batch.row_family].to(device=device, dtype=dtype)  # noqa: N806
     row_c = (w_dot_c * scale)[batch.row_family].to(device=device, dtype=dtype)
-    grads = [torch.zeros_like(p) for p in chosen]
     try:
-        for rows in row_chunks(batch.B, batch_size, batch.lengths):
-            gates = torch.ones(
-                len(rows), gm.gate_set.K, device=device, dtype=dtype, requires_grad=True
-            )
-            with gm.gating(gates):
-                logp = row_target_logprobs(model, batch, rows).to(dtype)
-            (gate_grad,) = torch.autograd.grad(logp.sum(), gates, create_graph=True)
-            rows_on = rows.to(device)
-            bracket = (row_W[rows_on] * gate_grad).sum() - (row_c[rows_on] * logp).sum()
-            for acc, g in zip(grads, _grads(bracket, chosen), strict=True):
-                acc.add_(g)
+        with GradSink(model, chosen, "the exact regulariser gradient") as sink:
+            for rows in row_chunks(batch.B, batch_size, batch.lengths):
+                gates = torch.ones(
+                    len(rows), gm.gate_set.K, device=device, dtype=dtype, requires_grad=True
+                )
+                # both backward passes inside the block: checkpointing reruns the gated forward
+                with gm.gating(gates), held_unsharded(model):
+                    logp = row_target_logprobs(model, batch, rows).to(dtype)
+                    (gate_grad,) = torch.autograd.grad(logp.sum(), gates, create_graph=True)
+                    rows_on = rows.to(device)
+                    bracket = (row_W[rows_on] * gate_grad).sum() - (row_c[rows_on] * logp).sum()
+                    sink.add(bracket)
     except RuntimeError as exc:
         if (
             "derivative" in str(exc)
@@ -181,7 +263,7 @@ def exact_grad(
         raise
     families = [f for f, k in zip(batch.families, nominal.kept.tolist(), strict=True) if k]
     return GradResult(
-        grads,
+        sink.grads,
         float(moment_ratio_torch(C)),
         C.numpy(),
         families,
@@ -282,16 +364,17 @@ def proxy_grad(
         normaliser = torch.zeros(batch.M, device=device, dtype=dtype)
 
     # 2. Perturbed rows: family m's rows carry gates 1 + o Ŵ_m; backward chunk by chunk.
-    grads = [torch.zeros_like(p) for p in chosen]
+    sink = GradSink(model, chosen, f"the {_NAMES[folded, richardson]} regulariser gradient")
 
     def backpropagate(
         rows: torch.Tensor, gates: torch.Tensor | None, coefficient: torch.Tensor
     ) -> torch.Tensor:
-        """grads += grad of sum_b coefficient_b log pi_b (``gates`` None: g = 1); log pi."""
+        """grads += grad of sum_b coefficient_b log pi_b (``gates`` None: g = 1); log pi.
+        The backward runs inside the gating block: activation checkpointing reruns the
+        gated forward during it."""
         with gm.gating(gates):
             logp = row_target_logprobs(model, batch, rows).to(dtype)
-        for acc, g in zip(grads, _grads((coefficient * logp).sum(), chosen), strict=True):
-            acc.add_(g)
+            sink.add((coefficient * logp).sum())
         return logp.detach()
 
     virtual = torch.arange(len(offsets) * B)  # offset index = v // B, batch row = v % B
@@ -300,27 +383,29 @@ def proxy_grad(
     mean_of = torch.tensor(means, dtype=dtype, device=device)[virtual // B]
     rows_of = virtual % B
     logp_all = torch.zeros(len(virtual), dtype=dtype, device=device)
-    for chunk in row_chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets))):
-        rows = rows_of[chunk]
-        family = row_family[rows.to(device)]
-        gates = 1.0 + offset_of[chunk, None] * direction[family]
-        coefficient = amplitude[family] * weight_of[chunk] + normaliser[family] * mean_of[chunk]
-        logp_all[chunk] = backpropagate(rows, gates, coefficient / sizes[family])
-
-    # 3. Unfolded normaliser term, once every D_m is known: sum_m a_m D_m grad N_m with
-    #    grad N_m = -N_m^2 grad l_m and l_m the mean of its rows' log pi, so it is one more
-    #    nominal forward + backward per chunk with per-row coefficients (no graph kept).
-    if not detach_normaliser and not folded:
-        per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
-        derivative = _family_sum(per_row, batch) / sizes  # D_m
-        per_family = -w_norm * derivative * inverse**2  # d(a_m D_m N_m)/d l_m
-        for rows in row_chunks(B, batch_size, batch.lengths):
+    with sink:
+        chunks = row_chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets)))
+        for chunk in chunks:
+            rows = rows_of[chunk]
             family = row_family[rows.to(device)]
-            backpropagate(rows, None, per_family[family] / sizes[family])
+            gates = 1.0 + offset_of[chunk, None] * direction[family]
+            coefficient = amplitude[family] * weight_of[chunk] + normaliser[family] * mean_of[chunk]
+            logp_all[chunk] = backpropagate(rows, gates, coefficient / sizes[family])
+
+        # 3. Unfolded normaliser term, once every D_m is known: sum_m a_m D_m grad N_m with
+        #    grad N_m = -N_m^2 grad l_m and l_m the mean of its rows' log pi, so it is one more
+        #    nominal forward + backward per chunk with per-row coefficients (no graph kept).
+        if not detach_normaliser and not folded:
+            per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
+            derivative = _family_sum(per_row, batch) / sizes  # D_m
+            per_family = -w_norm * derivative * inverse**2  # d(a_m D_m N_m)/d l_m
+            for rows in row_chunks(B, batch_size, batch.lengths):
+                family = row_family[rows.to(device)]
+                backpropagate(rows, None, per_family[family] / sizes[family])
     families = [f for f, k in zip(batch.families, nominal.kept.tolist(), strict=True) if k]
     R = float(moment_ratio_torch(C_bar.double()))  # noqa: N806
     return GradResult(
-        grads,
+        sink.grads,
         R,
         C_bar.double().cpu().numpy(),
         families,

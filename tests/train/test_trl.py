@@ -123,8 +123,40 @@ def test_trl_overrides_are_checked(inputs) -> None:
     assert grpo_config(inputs, vllm_mode="server").vllm_mode == "server"
     with pytest.raises(CdscopeError, match="GRPOConfig refused"):
         grpo_config(inputs, no_such_option=1)
-    with pytest.raises(CdscopeError, match="activation checkpointing"):
-        grpo_config(inputs, gradient_checkpointing=True)
+    for key, value in (("gradient_checkpointing", True), ("gradient_checkpointing_kwargs", {})):
+        with pytest.raises(CdscopeError, match="--activation-checkpointing"):
+            grpo_config(inputs, **{key: value})
+    if not torch.cuda.is_available():
+        with pytest.raises(CdscopeError, match="vLLM rollouts need CUDA GPUs") as caught:
+            grpo_config(inputs, use_vllm=True, vllm_mode="colocate")
+        assert "\n" not in str(caught.value)
+
+
+def test_activation_checkpointing_through_trl_takes_the_same_step(tmp_path: Path) -> None:
+    """--activation-checkpointing on the TRL route is transformers' non-reentrant
+    checkpointing (the Trainer trains in training mode); one CD-RFT step with it gives the
+    weights of the same step without it."""
+    files = {
+        "tasks": write_tasks_file(tmp_path / "tasks.jsonl"),
+        "pool": write_pool(tmp_path / "pool.jsonl", {"math": 4, "code": 4, "logic": 4}),
+    }
+    weights = []
+    for on in (False, True):
+        cfg = config(
+            files, tmp_path / f"run-{on}", steps=1, temperature=1.0, micro_batch_size=2,
+            estimator="folded", activation_checkpointing=on,
+        )  # fmt: skip
+        inputs = prepare(cfg, None, tiny_model("llama", "eager"), byte_tokenizer(), parity_reward)
+        args = grpo_config(inputs)
+        assert args.gradient_checkpointing is on
+        assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+        train_with_trl(inputs)
+        assert inputs.model.is_gradient_checkpointing is on
+        weights.append({k: v.clone() for k, v in inputs.model.state_dict().items()})
+    start = tiny_model("llama", "eager").state_dict()
+    update = max(float((weights[0][k] - start[k]).abs().max()) for k in start)
+    diff = max(float((weights[0][k] - weights[1][k]).abs().max()) for k in start)
+    assert update > 1e-4 and diff <= 1e-6 * update  # measured bit for bit (0.0)
 
 
 def test_resume_keeps_the_log_of_checkpointed_steps(tmp_path: Path) -> None:

@@ -171,9 +171,11 @@ def _run(
     if cfg.extra.get("trl") and cfg.backend != "trl":
         raise CdscopeError("--trl-arg only applies with --backend trl")
     if cfg.backend == "trl":  # before loading anything: the extra may be missing
-        from cdscope.integrations.trl import require_trl
+        from cdscope.integrations.trl import require_trl, require_vllm
 
         require_trl()
+        if cfg.extra.get("trl", {}).get("use_vllm"):
+            require_vllm()  # vLLM rollouts need CUDA and vLLM: one line, before the model
     require_tracker(cfg.report_to)  # --report-to: the tracker's package, before the model
     inputs = prepare(cfg, console, model, tokenizer, reward_fn)
     if cfg.backend == "trl":

@@ -47,10 +47,11 @@ from cdscope.core.batch import ProbeBatch, row_chunks
 from cdscope.core.control import EPS0, ControlResult, control_autograd
 from cdscope.core.gate_sites import gate_dtype
 from cdscope.core.gates import GatedModel
+from cdscope.core.grad_sink import GradSink, gate_gradient
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
 from cdscope.core.regularizer_precision import check_realised_perturbation, check_step_resolution
-from cdscope.distributed import held_unsharded, is_sharded
+from cdscope.distributed import held_unsharded
 from cdscope.errors import CdscopeError
 
 W_FLOOR = 1e-12
@@ -107,94 +108,6 @@ def _safe_inverse(ell: torch.Tensor) -> torch.Tensor:
     return 1.0 / torch.where(ell.abs() < EPS0, ell + EPS0 * sign, ell)
 
 
-class GradSink:
-    """Sums the parameter gradients of an estimator's per-chunk objectives, and refuses to
-    return a silent zero.
-
-    Unsharded model: ``torch.autograd.grad`` of each chunk's objective w.r.t. ``params``,
-    summed here (the caller's ``.grad`` untouched). FSDP2-sharded model
-    (``distributed.is_sharded``): the forward ran on all-gathered copies, so autograd does not
-    reach the DTensor shards; each chunk's objective goes through ``backward()`` and FSDP
-    reduce-scatters it into the shards' ``.grad`` (the mean over ranks, which all run the same
-    probe: the gradient itself). The caller's ``.grad`` of every parameter are set aside first
-    and restored at the end, so only the estimator's gradient is read.
-
-    A parameter that no chunk's gradient reached (autograd's None) is an error naming it,
-    never a zero: under FSDP that is a forward that bypassed the sharded module's own
-    forward; otherwise a parameter that takes no part in the probe's log-likelihood.
-    """
-
-    def __init__(self, model: nn.Module, params: list[nn.Parameter], what: str) -> None:
-        self.model, self.params, self.what = model, params, what
-        self.sharded = is_sharded(model)
-        self.grads: list[torch.Tensor] = (
-            [] if self.sharded else [torch.zeros_like(p) for p in params]
-        )
-        self.reached = [False] * len(params)
-        self.kept: list[tuple[nn.Parameter, torch.Tensor | None]] = []
-
-    def __enter__(self) -> GradSink:
-        if self.sharded:
-            self.kept = [(p, p.grad) for p in self.model.parameters()]
-            for p, _ in self.kept:
-                p.grad = None
-        return self
-
-    def add(self, output: torch.Tensor) -> None:
-        """Add the gradient of the scalar ``output`` (its graph is freed)."""
-        if self.sharded:
-            output.backward()
-            return
-        grads = torch.autograd.grad(output, self.params, allow_unused=True)
-        for i, g in enumerate(grads):
-            if g is not None:
-                self.grads[i].add_(g)
-                self.reached[i] = True
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self.sharded:
-            self.grads = [p.grad for p in self.params]  # type: ignore[misc]
-            self.reached = [g is not None for g in self.grads]
-            for p, kept in self.kept:
-                p.grad = kept
-        if exc_type is None:
-            require_reached(self.model, self.params, self.reached, self.what)
-
-
-def require_reached(
-    model: nn.Module, params: Sequence[nn.Parameter], reached: Sequence[bool], what: str
-) -> None:
-    """One ``CdscopeError`` line naming the parameters a gradient should have reached and
-    did not (``reached[i]`` False), instead of a zero standing in for the missing gradient."""
-    from torch.distributed.tensor import DTensor
-
-    missing = [p for p, ok in zip(params, reached, strict=True) if not ok]
-    if not missing:
-        return
-    names = {id(p): n for n, p in model.named_parameters()}
-    listed = ", ".join(names.get(id(p), f"<unnamed {tuple(p.shape)}>") for p in missing[:3])
-    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-    if is_sharded(model):
-        cause = (
-            "under FSDP2 a gradient reaches a shard only through a backward of the root "
-            "module's own forward: run forwards through model(...) and detach no module output"
-        )
-    elif any(isinstance(p, DTensor) for p in missing):
-        cause = (
-            "they are FSDP2 shards under an unsharded root: fully_shard the root module too, "
-            "so the forward all-gathers and the backward reduce-scatters for them"
-        )
-    else:
-        cause = (
-            "they take no part in the loss as computed; freeze them (requires_grad=False) "
-            "or leave them out of the parameters"
-        )
-    raise CdscopeError(
-        f"{what}: no gradient reached {len(missing)} trainable parameter(s) ({listed}{more}), "
-        f"which a zero would leave silently untrained; {cause}"
-    )
-
-
 def _double_backward_error(exc: RuntimeError, model: nn.Module) -> CdscopeError:
     attn = getattr(model.config, "_attn_implementation", "unknown")
     return CdscopeError(
@@ -249,7 +162,7 @@ def exact_grad(
                 # both backward passes inside the block: checkpointing reruns the gated forward
                 with gm.gating(gates), held_unsharded(model):
                     logp = row_target_logprobs(model, batch, rows).to(dtype)
-                    (gate_grad,) = torch.autograd.grad(logp.sum(), gates, create_graph=True)
+                    gate_grad = gate_gradient(logp.sum(), gates, create_graph=True)
                     rows_on = rows.to(device)
                     bracket = (row_W[rows_on] * gate_grad).sum() - (row_c[rows_on] * logp).sum()
                     sink.add(bracket)

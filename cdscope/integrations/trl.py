@@ -271,7 +271,7 @@ def check_engines(trainer: Any) -> None:
     * FSDP2 (accelerate's plugin, ``fsdp_version: 2``): supported. The parameters are
       DTensor shards the callback refreshes at ``on_train_begin``; the probe runs through the
       root forward and lambda grad R reaches the shards' ``.grad`` through FSDP's backward
-      (``core.regularizer.GradSink``). Its mixed precision must stay off: FSDP2 would run the
+      (``core.grad_sink.GradSink``). Its mixed precision must stay off: FSDP2 would run the
       probe's forwards in bf16, where the regulariser's gate steps eps * Ŵ are rounded away.
     * FSDP1 (``fsdp_version: 1``): refused -- it flattens parameters into ``FlatParameter``s
       whose ``.grad`` is not per parameter.

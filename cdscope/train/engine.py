@@ -33,6 +33,7 @@ block inside the root's forward; ``backward`` reduce-scatters gradients into the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -159,8 +160,15 @@ def shard(model: nn.Module, *others: nn.Module) -> None:
 
 def gathered(model: nn.Module) -> AbstractContextManager[None]:
     """Inside: the parameters stay all-gathered after the first forward (no all-gather per
-    generated token); resharded on exit. Costs the unsharded model's memory on each rank
-    for the rollouts' duration. No-op unsharded."""
+    generated token); resharded on exit. That costs the unsharded model's memory on each
+    rank for the rollouts' duration, so on a GPU it is done only when the whole model takes
+    at most half the free memory; otherwise generation stays sharded (one all-gather per
+    block per token: slower, same tokens). No-op unsharded."""
+    device = next(model.parameters()).device
+    if is_sharded(model) and device.type == "cuda":
+        whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if whole_bytes > torch.cuda.mem_get_info(device)[0] / 2:
+            return contextlib.nullcontext()
     return held_unsharded(model, after="forward")
 
 
@@ -170,20 +178,33 @@ def _options() -> Any:
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+def _tied(model: nn.Module) -> list[list[str]]:
+    """Names of every parameter registered under more than one name (tied weights)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def full_model_state(model: nn.Module, drop_tied: bool = False) -> dict[str, torch.Tensor]:
     """The whole (unsharded) state dict on rank 0's CPU, empty on other ranks; every rank
-    must call it (it all-gathers). An unsharded model's own state dict."""
+    must call it (it all-gathers). An unsharded model's own state dict.
+
+    Tied parameters (one parameter under two names, e.g. the embedding and the head) come
+    out as one tensor under both names, as from ``state_dict()``, so ``save_pretrained``
+    stores them once; ``drop_tied`` keeps only the first name (safetensors' ``save_file``
+    refuses tensors that share storage; ``load_full_states`` restores the others)."""
     if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(model, options=_options())
-    seen: set[int] = set()
-    for name, tensor in state.items():  # tied weights: one copy each (safetensors refuses
-        pointer = tensor.untyped_storage().data_ptr()  # tensors that share storage)
-        if pointer in seen:
-            state[name] = tensor.clone()
-        seen.add(pointer)
+    for first, *others in _tied(model):
+        for other in others:
+            if first in state:
+                state[other] = state[first]
+                if drop_tied:
+                    del state[other]
     return state
 
 
@@ -194,7 +215,8 @@ def full_states(
     optimizer's is keyed by parameter name (torch.distributed.checkpoint's format)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return full_model_state(model), get_optimizer_state_dict(model, optimizer, options=_options())
+    model_state = full_model_state(model, drop_tied=True)
+    return model_state, get_optimizer_state_dict(model, optimizer, options=_options())
 
 
 def load_full_states(
@@ -212,5 +234,8 @@ def load_full_states(
     )
 
     options = StateDictOptions(full_state_dict=True)
+    for first, *others in _tied(model):  # stored once (``full_model_state(drop_tied=True)``)
+        for other in others:
+            model_state.setdefault(other, model_state[first])
     set_model_state_dict(model, model_state, options=options)
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)

@@ -24,6 +24,14 @@ gradient; each computes the same lambda grad R and rank 0's copy is broadcast (a
 rank 0's projected weights when rank 0 projected), so the regulariser enters once per
 optimizer step, not once per rank, and kernels that are not bit-deterministic (CUDA
 atomics) cannot let the replicas drift. Without a process group both are no-ops.
+
+Under FSDP2 (the hf loop's ``--sharding fsdp``, TRL under accelerate's FSDP2 plugin) the
+parameters are DTensor shards, each rank owning its own: nothing is broadcast. The
+regulariser's gradient reaches the shards through FSDP's backward, every rank on the whole
+probe (``core.grad_sink.GradSink``); the projection loop runs while rank 0's B_shared is
+above tau and the finite checks agree over ranks (``engine.Shards``), so every rank takes
+the same branches and FSDP's collectives match. In every engine a trainable parameter
+that holds no gradient while others do stops the step with one line naming it.
 """
 
 from __future__ import annotations
@@ -39,8 +47,8 @@ from torch import nn
 
 from cdscope.core.batch import ProbeBatch, rows_per_forward
 from cdscope.core.gates import GatedModel
+from cdscope.core.grad_sink import require_reached
 from cdscope.core.models.placement import execution_device
-from cdscope.core.regularizer import require_reached
 from cdscope.errors import CdscopeError
 from cdscope.train.cdrft import (
     ProbeMeasure,

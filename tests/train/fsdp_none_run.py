@@ -1,5 +1,6 @@
-"""Sharded parameters whose gradient comes back None, started by ``tests/train/test_fsdp.py``
-under torchrun: each case must stop with one ``CdscopeError`` line naming the parameter.
+"""Sharded parameters whose gradient comes back None, and the exact estimator sharded,
+started by ``tests/train/test_fsdp.py`` under torchrun. Each None case must stop with one
+``CdscopeError`` line naming the parameter:
 
     torchrun --nproc_per_node 2 tests/train/fsdp_none_run.py WORKDIR
 
@@ -11,6 +12,9 @@ under torchrun: each case must stop with one ``CdscopeError`` line naming the pa
    None after the regulariser's backward.
 3. ``step``: the training step's check, on a sharded model whose one parameter holds no
    gradient after a backbone backward that reached the others.
+
+4. ``exact``: the exact (double backward) regulariser gradient of a sharded model against
+   the same model unsharded: ``exact: <relative L2 difference>``.
 
 Rank 0 writes one line per case to WORKDIR/outcome.txt: ``case: error message``.
 """
@@ -86,6 +90,16 @@ def main(workdir: Path) -> None:
         with GatedModel(model) as gm:
             CDRFTStep(cfg, gm, batch, params, lambda: None).before_update(1)
 
+    def exact() -> None:
+        plain = tiny_model("llama", "eager")
+        with GatedModel(plain) as gm:
+            expected = regularizer_grad(gm, batch, "exact", batch_size=2).flat()
+        with GatedModel(_model(root=True)) as gm:
+            result = regularizer_grad(gm, batch, "exact", batch_size=2)
+        got = torch.cat([g.full_tensor().reshape(-1).double() for g in result.grads])
+        outcomes.append(f"exact: {float((got - expected).norm() / expected.norm())!r}")
+
+    exact()
     case("blocks-only", blocks_only)
     case("bypass", bypass)
     case("step", step)

@@ -3,7 +3,8 @@
     python tests/train/fsdp_run.py WORKDIR [--sharding fsdp] [--activation-checkpointing]
         [--steps N] [--estimator E] [--beta B] [--resume] [--stop-after N]
 
-A tiny Llama (the same seeded weights on every rank), cdscope's own probe and rollouts,
+A tiny Llama with its head tied to its embedding (``tied_llama``: the same seeded weights
+on every rank; tied, like the embedded SmolLM2), cdscope's own probe and rollouts,
 and the deterministic ``parity_reward`` (so the GRPO gradient is not zero). The task and
 probe files are WORKDIR/tasks.jsonl and WORKDIR/pool.jsonl (``write_inputs``, called once
 before a launch: every rank reads the same files); rank 0 writes WORKDIR/run.
@@ -39,6 +40,13 @@ def write_inputs(workdir: Path) -> dict[str, Path]:
     }
 
 
+def tied_llama() -> torch.nn.Module:
+    model = tiny_model("llama", "eager")
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.config.tie_word_embeddings = True
+    return model
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir", type=Path)
@@ -60,7 +68,7 @@ def main(argv: list[str]) -> None:
         k_max=1, tau=34.0,
     )  # fmt: skip
     run_train(
-        cfg, resume=args.resume, stop_after=args.stop_after, model=tiny_model("llama", "eager"),
+        cfg, resume=args.resume, stop_after=args.stop_after, model=tied_llama(),
         tokenizer=byte_tokenizer(), reward_fn=parity_reward,
     )  # fmt: skip
 

@@ -240,3 +240,16 @@ def test_a_diverging_step_stops_the_trl_run_naming_its_last_checkpoint(
     with pytest.raises(CdscopeError, match=r"diverged at step 2: the gradient .*checkpoint-1\b"):
         train_with_trl(inputs)
     assert list(pd.read_parquet(Path(cfg.out_dir) / "log.parquet")["step"]) == [1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_vllm_rollouts_without_cuda_are_one_line_before_the_model_loads(tmp_path: Path) -> None:
+    from tests.helpers import invoke
+
+    result = invoke(
+        "train", "--backend", "trl", "--trl-arg", "use_vllm=true", "--trl-arg",
+        "vllm_mode=colocate", "--model", tmp_path / "no-model", "-o", tmp_path / "run",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "vLLM rollouts need CUDA GPUs" in result.output
+    assert len(result.output.strip().splitlines()) == 1

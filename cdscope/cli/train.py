@@ -88,6 +88,8 @@ def train(
         ),
     ] = None,
     backend: Annotated[Str, _opt("backend")] = None,
+    sharding: Annotated[Str, _opt("sharding")] = None,
+    activation_checkpointing: Annotated[bool | None, _opt("activation_checkpointing")] = None,
     report_to: Annotated[Str, _opt("report_to")] = None,
     trl_arg: Annotated[
         list[str] | None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,13 @@ from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.probes import load_pool
-from cdscope.distributed import is_main_process, rank_device, single_process_only
+from cdscope.distributed import (
+    is_main_process,
+    launch_env,
+    process_group,
+    rank_device,
+    single_process_only,
+)
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, content_hash, read_parquet, run_metadata
 from cdscope.lock import OutputLock
@@ -141,16 +148,45 @@ def run_train(
     tokenizer: Any = None,
     reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
 ) -> TrainResult:
-    """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL)."""
+    """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL).
+
+    ``--sharding fsdp`` runs the hf loop on every rank of a launch, inside the launch's
+    process group (joined here, destroyed at the end)."""
+    cfg.validate()
+    if cfg.sharding == "fsdp":
+        launch = launch_env()
+        if "MASTER_ADDR" not in os.environ:
+            raise CdscopeError(
+                "--sharding fsdp shards the model over the ranks of a launch: start it with "
+                "torchrun --nproc_per_node N -m cdscope.cli -- train ... (docs/distributed.md)"
+            )
+        from cdscope.core.models.loading import resolve_device
+
+        with process_group(launch, resolve_device(rank_device(cfg.device)).type):
+            return _run(cfg, resume, console, stop_after, model, tokenizer, reward_fn)
     if cfg.backend != "trl":  # the built-in loop is one process; TRL shards under a launcher
         single_process_only(f"train --backend {cfg.backend}")
+    return _run(cfg, resume, console, stop_after, model, tokenizer, reward_fn)
+
+
+def _run(
+    cfg: TrainConfig,
+    resume: bool,
+    console: Console | None,
+    stop_after: int | None,
+    model: Any,
+    tokenizer: Any,
+    reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None,
+) -> TrainResult:
     console = console or make_console()
     if cfg.extra.get("trl") and cfg.backend != "trl":
         raise CdscopeError("--trl-arg only applies with --backend trl")
     if cfg.backend == "trl":  # before loading anything: the extra may be missing
-        from cdscope.integrations.trl import require_trl
+        from cdscope.integrations.trl import require_trl, require_vllm
 
         require_trl()
+        if cfg.extra.get("trl", {}).get("use_vllm"):
+            require_vllm()  # vLLM rollouts need CUDA and vLLM: one line, before the model
     require_tracker(cfg.report_to)  # --report-to: the tracker's package, before the model
     # one writer per run folder (rank 0 only under a launcher: the TRL ranks share it)
     lock = OutputLock(cfg.out_dir) if is_main_process() else contextlib.nullcontext()

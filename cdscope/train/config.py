@@ -35,6 +35,7 @@ from cdscope.settings import (
 REGULARIZERS = ("none", "cdrft")
 BACKENDS = ("hf", "trl")
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")  # train/tracking.py
+SHARDINGS = ("none", "fsdp")  # train/engine.py
 
 
 def setting(default: Any, flag: str, help: str) -> Any:  # noqa: A002
@@ -110,6 +111,18 @@ class TrainConfig:
     )
     attn: str = "auto"
     backend: str = setting("hf", "--backend", "hf (built-in loop) | trl (GRPOTrainer).")
+    sharding: str = setting(
+        "none",
+        "--sharding",
+        "none | fsdp (hf loop under torchrun: FSDP2 per decoder block + root; the TRL route "
+        "shards through accelerate's FSDP2 plugin instead; docs/distributed.md).",
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        "--activation-checkpointing",
+        "Recompute each decoder block's activations in the backward (non-reentrant; both "
+        "backends): less memory, about one more forward per backward.",
+    )
     report_to: str = setting(
         "none",
         "--report-to",
@@ -198,6 +211,15 @@ class TrainConfig:
         if self.backend not in BACKENDS:
             raise CdscopeError(
                 f"--backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
+            )
+        if self.sharding not in SHARDINGS:
+            raise CdscopeError(
+                f"--sharding must be one of {' | '.join(SHARDINGS)}; got {self.sharding!r}"
+            )
+        if self.sharding != "none" and self.backend == "trl":
+            raise CdscopeError(
+                "--sharding is the hf loop's; with --backend trl shard through accelerate's "
+                "FSDP2 plugin: accelerate launch --config_file docs/accelerate/fsdp2.yaml"
             )
         if self.report_to not in REPORT_TO:
             raise CdscopeError(

@@ -309,10 +309,11 @@ def test_chunked_proxy_equals_the_whole_batch(probe_batch) -> None:
         for size in (1, 4):
             part = proxy_grad(gm, probe_batch, eps=0.02, richardson=True, batch_size=size)
             # exact algebra; what differs is the fp32 RMSNorm rounding inside this float64
-            # model per chunk shape, times the stencil's 1/eps: 7e-14 measured with 2
-            # threads, 8e-7 with 1. Dropping a chunk's term would be O(1).
+            # model per chunk shape, times the stencil's 1/eps: floor 3.7e-14 measured with 2
+            # threads, 1.15e-5 with 1 (torch 2.13, transformers 5.23; it was 8e-7 before);
+            # 10x margin. Dropping a chunk's term would be O(1).
             error = (part.flat() - whole.flat()).norm() / whole.flat().norm()
-            assert float(error) < 1e-5
+            assert float(error) < 1.2e-4
 
 
 def test_gradcheck_command_on_a_tiny_model(tiny_model_dir, tmp_path) -> None:

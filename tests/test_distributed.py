@@ -275,6 +275,13 @@ def test_failure_lines_name_every_rank_that_could_not_speak() -> None:
 
     # rank 0 spoke (exit 2): its line covers rank 1's shared failure
     assert failure_lines({0: Failure(2, 10), 1: Failure(2, 11)}) == ([], 2)
+    # ... and a rank stopped by the launcher because rank 0 exited first (seen under load)
+    assert failure_lines({0: Failure(2, 10), 1: Failure(-15, 11)}) == ([], 2)
+    # a rank killed otherwise still gets its line
+    lines, code = failure_lines({0: Failure(2, 10), 1: Failure(-9, 11)})
+    assert code == 2 and lines == [
+        "rank 1 (pid 11) was killed by SIGKILL; finished work is kept: rerun with --resume"
+    ]
     # rank 1 killed, rank 0 stopped by torchrun: one line each, torchrun's exit code 1
     lines, code = failure_lines({0: Failure(-15, 10), 1: Failure(-9, 11)})
     assert code == 1 and len(lines) == 2

@@ -28,9 +28,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdscope import __version__
 from cdscope.errors import CdscopeError
 from cdscope.schemas import arrow_table, strict_json
+from cdscope.version import __version__
 
 METADATA_KEY = b"cdscope"
 

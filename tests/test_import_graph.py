@@ -179,7 +179,8 @@ def test_relative_imports_resolve(
 
 
 #: the tiers of docs/ARCHITECTURE.md, lowest first: a module may import its own tier and
-#: the tiers below it, never one above (the ground floor is cdscope's top-level modules)
+#: the tiers below it, never one above (the ground floor is cdscope's top-level modules;
+#: model loading and the gate vocabulary its proof hooks use sit below the rest of core)
 TIERS = (
     ("ground", ("cdscope.errors", "cdscope.finite", "cdscope.io", "cdscope.messages",
                 "cdscope.resources", "cdscope.hooks", "cdscope.settings", "cdscope.distributed",
@@ -187,6 +188,7 @@ TIERS = (
                 "cdscope.lock", "cdscope.fileset", "cdscope.launch",
                 "cdscope.version")),
     ("analysis", ("cdscope.analysis",)),
+    ("models", ("cdscope.core.models", "cdscope.core.gate_sites")),
     ("core", ("cdscope.core", "cdscope.tasks")),
     ("output", ("cdscope.output",)),
     ("train", ("cdscope.train",)),
@@ -208,19 +210,49 @@ def tier_of(module: str) -> int:
     return best[1]
 
 
-def test_no_upward_imports() -> None:
-    graph = _package_parents(edges(modules()))
-    upward = sorted(
+#: upward imports that are known and scheduled to go, each with the issue that removes it:
+#: ``core/models/coverage.py`` is a developer tool (its own argparse, SIGALRM and doc
+#: renderer) that measures every architecture with the whole core stack; issue #30
+#: phase B moves it out of ``core/models/`` into a tools module.
+KNOWN_UPWARD = {
+    ("cdscope.core.models.coverage", target): "issue #30 phase B: coverage.py leaves core/models"
+    for target in ("cdscope.core.batch", "cdscope.core.control", "cdscope.core.eap",
+                   "cdscope.core.gates")
+}  # fmt: skip
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a lower tier into a higher one. Edges to parent packages count
+    (``from cdscope import __version__`` in the ground floor runs the package face)."""
+    return sorted(
         f"{importer} ({TIERS[tier_of(importer)][0]}) imports {target} ({TIERS[tier_of(target)][0]})"
         for importer, targets in graph.items()
         for target in targets
-        if tier_of(target) > tier_of(importer)
+        if tier_of(target) > tier_of(importer) and (importer, target) not in KNOWN_UPWARD
     )
+
+
+def test_no_upward_imports() -> None:
+    upward = upward_imports(edges(modules()))
     assert not upward, upward
+
+
+def test_known_upward_imports_still_exist() -> None:
+    """An allow-list entry whose import is gone must leave the list (it would hide a new one)."""
+    graph = edges(modules())
+    stale = [pair for pair in KNOWN_UPWARD if pair[1] not in graph.get(pair[0], set())]
+    assert not stale, f"remove from KNOWN_UPWARD: {stale}"
+
+
+def test_upward_check_sees_parent_packages(tmp_path: Path) -> None:
+    """The edge a ground module has to the package face is one the check reports."""
+    graph = {"cdscope.io": {"cdscope", "cdscope.errors"}, "cdscope.errors": set(), "cdscope": set()}
+    assert upward_imports(graph) == ["cdscope.io (ground) imports cdscope (package)"]
 
 
 def test_tier_check_can_fail() -> None:
     assert tier_of("cdscope.analysis.spectral") < tier_of("cdscope.core.gates")
+    assert tier_of("cdscope.core.models.loading") < tier_of("cdscope.core.control")
     assert tier_of("cdscope.commands.probe") > tier_of("cdscope.output.frames")
     with pytest.raises(AssertionError):
         tier_of("elsewhere.module")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from cdscope.version import __version__
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "cdscope" / "data"
 
@@ -51,7 +53,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--no-index", "-q", "-w", str(out)],
         cwd=base,
     )  # fmt: skip
-    (path,) = out.glob("cdscope-*.whl")
+    (path,) = out.glob(f"cdscope-{__version__}-*.whl")
     return path
 
 
@@ -94,6 +96,12 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def venv_wheel_version(venv: Path) -> str:
+    """The version pip recorded for the installed wheel (its METADATA)."""
+    code = "import importlib.metadata as m; print(m.version('cdscope'))"
+    return _run([str(venv / "bin" / "python"), "-c", code], cwd=venv).stdout.strip()
+
+
 def test_installed_wheel_finds_its_data_outside_the_repository(venv: Path, tmp_path: Path) -> None:
     code = (
         "import json, cdscope, cdscope.core.probes as p, cdscope.tasks as t;"
@@ -108,7 +116,9 @@ def test_installed_wheel_finds_its_data_outside_the_repository(venv: Path, tmp_p
     assert found["items"] == {"code": 64, "logic": 64, "math": 64}
     assert (found["eval"], found["train"]) == (48 + 50 + 48, 128 + 50 + 128)
     version = _run([str(venv / "bin" / "python"), "-m", "cdscope", "--version"], cwd=tmp_path)
-    assert version.stdout.strip().startswith("cdscope ")
+    # the one version (cdscope/version.py) reaches the wheel's name, its metadata and --version
+    assert version.stdout.strip() == f"cdscope {__version__}"
+    assert venv_wheel_version(venv) == __version__
 
 
 def test_installed_cli_probes_a_local_model_with_the_shipped_pools(

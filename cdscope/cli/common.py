@@ -285,7 +285,7 @@ def resume_arg(resume: bool, recompute: bool) -> bool | str:
 
 def _version(value: bool) -> None:
     if value:
-        from cdscope import __version__
+        from cdscope.version import __version__
 
         say(out_console, f"cdscope {__version__}")
         raise typer.Exit()

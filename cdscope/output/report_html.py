@@ -18,11 +18,11 @@ from typing import Any
 
 import pandas as pd
 
-from cdscope import __version__
 from cdscope.output import html
 from cdscope.output.notebook import HEADLINE_HEADERS, headline_measures, headline_rows
 from cdscope.output.render import audit_table, convergence_table, per_seed_table, short_model_name
 from cdscope.output.render_runs import passk_table, train_table
+from cdscope.version import __version__
 
 #: run metadata shown first, in this order (the rest follows under "all metadata")
 META_KEYS = (

@@ -29,7 +29,7 @@ def main() -> None:
     from rich.console import Console
 
     from cdscope.commands.audit import AUDITS, sibling
-    from cdscope.commands.audit_run import run_audit
+    from cdscope.commands.audit_run import ProbeRequest, run_audit
     from cdscope.commands.probe import ModelOptions, ProbeSettings, collect_control
     from cdscope.core.models import load_model
     from cdscope.core.probes import load_pool
@@ -45,17 +45,7 @@ def main() -> None:
         )
         t_probe = time.perf_counter() - start
         start = time.perf_counter()
-        run_audit(
-            AUDITS["bshared"],
-            out,
-            ["smollm2-135m"],
-            None,
-            settings,
-            None,
-            ModelOptions(),
-            False,
-            quiet,
-        )
+        run_audit(AUDITS["bshared"], ProbeRequest(out, ["smollm2-135m"], settings), quiet)
         t_bshared = time.perf_counter() - start
         reruns = []
         for _ in range(3):

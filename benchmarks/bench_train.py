@@ -33,7 +33,7 @@ PARTS = ["rollout_s", "backbone_s", "measure_s", "regularizer_s", "projection_s"
 
 
 def main() -> None:
-    from cdscope.train.config import TrainConfig
+    from cdscope.settings.training import TrainConfig
 
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(

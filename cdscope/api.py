@@ -34,6 +34,7 @@ from cdscope.errors import CdscopeError
 from cdscope.messages import make_console
 from cdscope.output.frames import ModelOptions, ProbeSettings
 from cdscope.resources import EMBEDDED_NAME
+from cdscope.settings.names import SUBLAYER
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -188,7 +189,7 @@ def measure(
     estimator: str = "autograd",
     batch_size: int | None = None,
     progress: bool = True,
-    granularity: str = "sublayer",
+    granularity: str = SUBLAYER,
 ) -> pd.DataFrame:
     """C, F and l_m of one model or a list of models on probe seeds ``0..seeds-1`` (or the
     given seeds), ``n`` items per family: one row per (model, seed, family, gate), the

@@ -25,6 +25,8 @@ import math
 import pandas as pd
 import pyarrow as pa
 
+from cdscope.settings.names import SUBLAYER
+
 STRING = pa.large_string()  # what pandas >= 3 writes for str columns; polars' native type
 INT = pa.int64()
 FLOAT = pa.float64()
@@ -35,7 +37,7 @@ FLOATS = pa.list_(pa.float64())  # one value per probe sample
 COLUMNS: dict[str, pa.DataType] = {
     # probe frame (probe, OUT.probe.parquet of the audits and nsweep): docs/probe.md
     "model": STRING, "seed": INT, "family": STRING, "gate": INT, "layer": INT,
-    "sublayer": STRING, "unit": INT, "C": FLOAT, "F": FLOAT, "dl_dg": FLOAT, "ell": FLOAT,
+    SUBLAYER: STRING, "unit": INT, "C": FLOAT, "F": FLOAT, "dl_dg": FLOAT, "ell": FLOAT,
     "dropped": BOOL, "logp_samples": FLOATS, "dlogp_samples": FLOATS, "F_samples": FLOATS,
     "upstream": STRING, "downstream": STRING, "path": STRING,  # edge granularity
     # bshared / acg / decompose: per seed, OUT.summary (mean and paired rows), OUT.convergence

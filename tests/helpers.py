@@ -28,7 +28,7 @@ from transformers import (
 from typer.testing import CliRunner
 
 from cdscope.cli import app
-from cdscope.train.config import TrainConfig
+from cdscope.settings.training import TrainConfig
 
 VOCAB = 300  # 256 byte tokens + specials, see byte_tokenizer()
 

@@ -299,7 +299,7 @@ def test_nan_weights_are_refused_naming_the_quantity(nan_model_dir, pool_file, t
 
 def test_nan_weights_in_training(tmp_path) -> None:
     from cdscope.commands.train import run_train
-    from cdscope.train.config import TrainConfig
+    from cdscope.settings.training import TrainConfig
     from tests.helpers import parity_reward, write_tasks_file
 
     model = tiny_model("llama")

@@ -9,29 +9,15 @@ from typing import Annotated
 import typer
 
 from cdscope.cli.common import (
-    AttnOpt,
-    AuditNOpt,
-    AuditSeedsOpt,
-    AuditTemplateOpt,
-    BatchOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
     FromOpt,
-    GranularityOpt,
     JsonOpt,
-    MaxMemoryOpt,
     ModelOpt,
-    OffloadDirOpt,
     PlotOpt,
     ProbeOpt,
     RecomputeOpt,
     ResumeOpt,
-    RevisionOpt,
-    TrustRemoteCodeOpt,
     app,
     err_console,
-    model_options,
     models_or_embedded,
     out_console,
     print_json,
@@ -39,102 +25,52 @@ from cdscope.cli.common import (
     resume_arg,
     user_errors,
 )
-from cdscope.cli.params import SEED_MAX, finite
-from cdscope.errors import CdscopeError
+from cdscope.cli.options import annotated, with_settings
+from cdscope.cli.params import SEED_MAX
 from cdscope.messages import wrote
+from cdscope.settings import AuditSettings, ModelSettings, ProbeSettings
 
 MAX_FAMILIES, MAX_GATES, MAX_TRIALS = 1_000, 100_000, 10_000_000  # random-ref bounds
-BootstrapOpt = Annotated[
-    int,
-    typer.Option(
-        "--bootstrap",
-        min=0,
-        max=100_000,
-        help="Resamples of each family's probe samples for the per-seed intervals (0: none).",
-    ),
-]
-DetectOpt = Annotated[
-    float,
-    typer.Option(
-        "--detect",
-        parser=finite(0, 100, low_open=True),
-        help="Paired Δ (percentage points) for the seeds-needed column (80% power, t-test).",
-    ),
-]
 
 
-def _run_audit_command(
-    command: str,
-    model: list[str] | None,
-    seeds: int | None,
-    n: int | None,
-    probe: list[Path] | None,
-    template: str | None,
-    out: Path,
-    plot: Path | None,
-    as_json: bool,
-    from_path: Path | None,
-    resume: bool | str,
-    batch_size: int | None,
-    options,  # noqa: ANN001 - cdscope.output.frames.ModelOptions
-    bootstrap: int = 1000,
-    detect: float = 5.0,
-    granularity: str | None = None,
-    fail_above: float | None = None,
-):
-    """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
-    from cdscope.commands.audit import AUDITS, sibling
-    from cdscope.commands.audit_run import run_audit
-    from cdscope.io import check_plot_path, check_writable
-    from cdscope.output.frames import ProbeSettings
+def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 - ProbeRequest
+    """The probe request of bshared / acg / decompose from their option values: unset
+    probe options take ``ProbeSettings``' defaults, and with ``--from`` every option about
+    measuring (seeds, probe, batch size, resume, the model options) is refused."""
+    from cdscope.commands.audit_run import ProbeRequest
+    from cdscope.io import check_writable
+    from cdscope.output.frames import ModelOptions
 
-    spec = AUDITS[command]
-    target = check_writable(out)
-    if plot is not None:
-        check_plot_path(plot)
+    from_path, resume = values["from_path"], resume_arg(values["resume"], values["recompute"])
     if from_path is not None:
-        given = {"--resume": resume, "--seeds": seeds, "--probe": probe, "--batch-size": batch_size}
-        ignored = [flag for flag, value in given.items() if value]
-        if ignored:
-            raise CdscopeError(
-                f"{', '.join(ignored)} does not apply to --from, which reads the seeds and "
-                "probe of an existing file: drop it (or measure again without --from)"
-            )
-    if bootstrap < 0:
-        raise CdscopeError(f"--bootstrap must be 0 (off) or a number of resamples; got {bootstrap}")
-    if not detect > 0:
-        raise CdscopeError(f"--detect is a positive difference in percentage points; got {detect}")
-    settings = ProbeSettings(  # unset options: ProbeSettings' defaults (3 seeds for audits)
-        tuple(range(seeds or 3)),
-        n or ProbeSettings.n,
-        template or ProbeSettings.template,
-        batch_size=batch_size,
-        granularity=granularity or ProbeSettings.granularity,
+        measuring = {key: True for key in ("resume", "seeds", "probe", "batch_size") if values[key]}
+        refuse_with_from(measuring | model_settings.changed())
+    explicit = {key: values[key] for key in ("n", "template", "granularity")}
+    settings = ProbeSettings(
+        tuple(range(values["seeds"] or AuditSettings.seeds)),
+        **{key: value for key, value in explicit.items() if value is not None},
+        batch_size=values["batch_size"],
     )
-    explicit = {"n": n, "template": template, "granularity": granularity}
-    result = run_audit(
-        spec,
-        target,
-        models_or_embedded(model) if from_path is None else model,
-        from_path,
-        settings,
-        probe,
-        options,
-        resume,
-        err_console,
-        explicit,
-        bootstrap,
-        detect / 100,
-        plot,
-        fail_above,
-    )
+    return ProbeRequest(
+        out=check_writable(values["out"]),
+        model_specs=models_or_embedded(values["model"]) if from_path is None else values["model"],
+        settings=settings, from_path=from_path, probe_paths=values["probe"],
+        options=ModelOptions.from_settings(model_settings), resume=resume, explicit=explicit,
+    )  # fmt: skip
+
+
+def audit_outputs(request, plot: Path | None, result) -> dict[str, str]:  # noqa: ANN001
+    """What an audit wrote, by name (``--json``'s ``outputs`` and the closing lines)."""
+    from cdscope.commands.audit import sibling
+
+    out = request.out
     outputs = {
-        "per_seed": str(target),
-        "summary": str(sibling(target, "summary")),
-        "convergence": str(sibling(target, "convergence")),
+        "per_seed": str(out),
+        "summary": str(sibling(out, "summary")),
+        "convergence": str(sibling(out, "convergence")),
     }
-    if from_path is None:
-        outputs["probe"] = str(sibling(target, "probe"))
+    if request.from_path is None:
+        outputs["probe"] = str(sibling(out, "probe"))
     if plot is not None:
         outputs["plot"] = str(plot)
         frame = result.probe_frame
@@ -142,12 +78,10 @@ def _run_audit_command(
             from cdscope.commands.audit_plot import units_plot_path
 
             outputs["units_plot"] = str(units_plot_path(plot))
-    return spec, result, outputs
+    return outputs
 
 
-def _report(
-    command: str, spec, result, outputs: dict, as_json: bool, extra: dict | None = None
-) -> None:  # noqa: ANN001
+def _report(spec, result, outputs: dict, as_json: bool, extra: dict | None = None) -> None:  # noqa: ANN001
     from cdscope.output.render import audit_table, convergence_table, per_seed_table
 
     if as_json:
@@ -158,7 +92,7 @@ def _report(
             "convergence": result.convergence,
         }
         print_json(
-            command,
+            spec.command,
             tables,
             models=list(dict.fromkeys(result.per_seed["model"])),
             refused_pairs=result.skipped_pairs,
@@ -173,7 +107,9 @@ def _report(
             per_seed_table(result.per_seed, spec.headline, f"{spec.headline} per seed (%)")
         )
         out_console.print(
-            audit_table(result.summary, result.paired, f"cdscope {command}: mean ± SE over seeds")
+            audit_table(
+                result.summary, result.paired, f"cdscope {spec.command}: mean ± SE over seeds"
+            )
         )
         if not result.convergence.empty:
             out_console.print(convergence_table(result.convergence))
@@ -181,79 +117,77 @@ def _report(
         wrote(err_console, f"{name}: {path}")
 
 
-FailAboveOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--fail-above",
-        parser=finite(0, 100),
-        help="CI gate: exit 1 if a model's mean B_shared(C) exceeds PCT percent.",
-    ),
-]
-#: the placement options, in model_options' order, with their defaults
-MODEL_DEFAULTS = {
-    "device": "auto", "dtype": "auto", "attn": "auto", "device_map": None, "max_memory": None,
-    "offload_dir": None, "revision": None, "trust_remote_code": False,
-}  # fmt: skip
-MODEL_KEYS = tuple(MODEL_DEFAULTS)
-
-
 def _audit_parameters(command: str, gate: bool) -> list[inspect.Parameter]:
-    """The options of bshared, acg and decompose, declared once in help order; ``gate``
-    adds bshared's CI gate (--fail-above) after --json."""
+    """The options of bshared, acg and decompose other than the model options, declared
+    once in help order; ``gate`` adds bshared's CI gate (--fail-above) after --json.
+    Unset probe options are None (``--from`` checks the file's against the given ones)."""
     out_opt = Annotated[
         Path,
         typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
     ]
+    gate_opt = [("fail_above", annotated(AuditSettings, "fail_above"), None)] if gate else []
     declared = [
-        ("model", ModelOpt, None), ("seeds", AuditSeedsOpt, None), ("n", AuditNOpt, None),
-        ("probe", ProbeOpt, None), ("template", AuditTemplateOpt, None),
+        ("model", ModelOpt, None), ("seeds", annotated(AuditSettings, "seeds", unset=True, in_sentence=True), None),
+        ("n", annotated(ProbeSettings, "n", unset=True, in_sentence=True), None),
+        ("probe", ProbeOpt, None),
+        ("template", annotated(ProbeSettings, "template", unset=True, in_sentence=True), None),
         ("out", out_opt, Path(f"results/{command}.parquet")), ("plot", PlotOpt, None),
-        ("as_json", JsonOpt, False), *([("fail_above", FailAboveOpt, None)] if gate else []),
+        ("as_json", JsonOpt, False), *gate_opt,
         ("from_path", FromOpt, None), ("resume", ResumeOpt, False),
-        ("recompute", RecomputeOpt, False), ("batch_size", BatchOpt, None),
-        ("granularity", GranularityOpt, None), ("device", DeviceOpt, MODEL_DEFAULTS["device"]),
-        ("dtype", DtypeOpt, MODEL_DEFAULTS["dtype"]), ("attn", AttnOpt, MODEL_DEFAULTS["attn"]),
-        ("device_map", DeviceMapOpt, None), ("max_memory", MaxMemoryOpt, None),
-        ("offload_dir", OffloadDirOpt, None), ("revision", RevisionOpt, None),
-        ("trust_remote_code", TrustRemoteCodeOpt, False),
-        ("bootstrap", BootstrapOpt, 1000), ("detect", DetectOpt, 5.0),
+        ("recompute", RecomputeOpt, False),
+        ("batch_size", annotated(ProbeSettings, "batch_size"), None),
+        ("granularity", annotated(ProbeSettings, "granularity", unset=True, in_sentence=True), None),
+        ("bootstrap", annotated(AuditSettings, "bootstrap"), AuditSettings.bootstrap),
+        ("detect", annotated(AuditSettings, "detect"), AuditSettings.detect),
     ]  # fmt: skip
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    kind = inspect.Parameter.KEYWORD_ONLY
     return [inspect.Parameter(name, kind, default=d, annotation=a) for name, a, d in declared]
 
 
 def _register_audit_command(command: str, doc: str, gate: bool = False) -> None:
     """One factory for bshared, acg and decompose: the same options and body; bshared
-    (``gate``) also takes --fail-above and exits 1 when a model's mean B_shared(C) is above."""
+    (``gate``) also takes --fail-above and exits 1 when a model's mean of the audit's
+    gated measure (``AuditSpec.gated``) is above."""
 
-    def audit_command(**values: object) -> None:
-        from cdscope.commands.audit import exceeding
+    def audit_command(model_settings: ModelSettings, **values: object) -> None:
+        from cdscope.commands.audit import AUDITS, exceeding
+        from cdscope.commands.audit_run import run_audit
         from cdscope.errors import AuditFailed
+        from cdscope.io import check_plot_path
 
-        fail_above = values.pop("fail_above", None)
-        model_values = {key: values.pop(key) for key in MODEL_KEYS}
-        if values["from_path"] is not None:
-            refuse_with_from(model_values, MODEL_DEFAULTS)
-        options = model_options(*model_values.values())
-        resume = resume_arg(values.pop("resume"), values.pop("recompute"))
-        spec, result, outputs = _run_audit_command(
-            command, options=options, resume=resume, fail_above=fail_above, **values
-        )
+        spec = AUDITS[command]
+        audit = AuditSettings(
+            bootstrap=values["bootstrap"], detect=values["detect"],
+            fail_above=values.get("fail_above"),
+        )  # fmt: skip
+        request = audit_request(values, model_settings)
+        plot = values["plot"]
+        if plot is not None:
+            check_plot_path(plot)
+        result = run_audit(spec, request, err_console, audit, plot)
+        outputs = audit_outputs(request, plot, result)
         if not gate:
-            _report(command, spec, result, outputs, values["as_json"])
+            _report(spec, result, outputs, values["as_json"])
             return
-        failed = [] if fail_above is None else exceeding(result.summary, fail_above)
-        extra = {"fail_above": fail_above, "failed": failed}
-        _report(command, spec, result, outputs, values["as_json"], extra)
+        failed = [] if audit.fail_above is None else exceeding(result.summary, audit.fail_above)
+        extra = {"fail_above": audit.fail_above, "failed": failed}
+        _report(spec, result, outputs, values["as_json"], extra)
         if failed:
-            raise AuditFailed(f"mean B_shared(C) above {fail_above}%: {', '.join(failed)}")
+            raise AuditFailed(
+                f"mean {spec.gated_label} above {audit.fail_above}%: {', '.join(failed)}"
+            )
 
     audit_command.__doc__ = doc
     audit_command.__name__ = command
     audit_command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        _audit_parameters(command, gate), return_annotation=None
+        [
+            inspect.Parameter("model_settings", inspect.Parameter.KEYWORD_ONLY),
+            *_audit_parameters(command, gate),
+        ],
+        return_annotation=None,
     )
-    app.command(command)(user_errors(audit_command))
+    audit_command.__annotations__ = {}
+    app.command(command)(user_errors(with_settings(ModelSettings, "model_settings")(audit_command)))
 
 
 _register_audit_command(
@@ -316,7 +250,7 @@ def random_ref(
         str | None,
         typer.Option("--model", "-m", help="Take K from this model (its gates at --granularity)."),
     ] = None,
-    granularity: GranularityOpt = None,
+    granularity: annotated(ProbeSettings, "granularity", unset=True) = None,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Parquet of the T samples (stats in metadata).")
     ] = Path("results/random_ref.parquet"),

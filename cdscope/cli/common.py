@@ -23,6 +23,7 @@ from cdscope.cli.params import COUNT_MAX
 from cdscope.errors import AuditFailed, CdscopeError
 from cdscope.messages import make_console, say, warn
 from cdscope.resources import EMBEDDED_NAME
+from cdscope.settings.names import SEEDS_HELP
 
 _ARGV = "cdscope.argv"  # ctx.meta key: the arguments as typed (after the root options)
 
@@ -191,11 +192,8 @@ ModelOpt = Annotated[
 SeedsOpt = Annotated[
     int,
     typer.Option(
-        "--seeds", "-s", min=1, max=COUNT_MAX, help="Number of probe seeds S (seeds 0..S-1)."
+        "--seeds", "-s", min=1, max=COUNT_MAX, help=SEEDS_HELP
     ),
-]
-NOpt = Annotated[
-    int, typer.Option("--n", min=1, max=COUNT_MAX, help="Probe samples per family per seed.")
 ]
 ProbeOpt = Annotated[
     list[Path] | None,
@@ -211,51 +209,6 @@ TaskColumnsOpt = Annotated[
         "--task-columns",
         help="Column mapping for --tasks in other schemas: a schema (gsm8k, math, humaneval, "
         "mbpp) and/or field=column items, e.g. 'prompt=q,answer=a,verifier=math' (docs/tasks.md).",
-    ),
-]
-TemplateOpt = Annotated[
-    str, typer.Option("--template", "-t", help="Prompt template: plain | chat.")
-]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="auto (CUDA if available, else CPU) | cpu | cuda[:N] | mps.")
-]
-DtypeOpt = Annotated[
-    str,
-    typer.Option(
-        "--dtype", help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float64."
-    ),
-]
-DeviceMapOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--device-map",
-        help="Spread each model over GPUs/CPU/disk with accelerate: auto | balanced | "
-        "balanced_low_0 | sequential | FILE.json (module -> device).",
-    ),
-]
-MaxMemoryOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--max-memory",
-        help="Per-device caps for the device map, e.g. 0=70GiB,1=70GiB,cpu=200GiB (implies --device-map auto).",
-    ),
-]
-OffloadDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--offload-dir", help="Folder for the weights that fit on no device (disk offload)."
-    ),
-]
-AttnOpt = Annotated[
-    str, typer.Option("--attn", help="Attention kernel: auto | eager | sdpa | flash_attention_2.")
-]
-BatchOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--batch-size",
-        "-b",
-        min=1,
-        help="Rows per forward (memory bound); default: 1 on CPU (no padding), the whole probe on GPU.",
     ),
 ]
 ResumeOpt = Annotated[
@@ -329,41 +282,19 @@ def _root(
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
 
 
-def model_options(
-    device: str,
-    dtype: str,
-    attn: str,
-    device_map: str | None = None,
-    max_memory: str | None = None,
-    offload_dir: Path | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-):  # noqa: ANN201 - cdscope.output.frames.ModelOptions (imported lazily)
-    """``ModelOptions`` with the placement options parsed and checked before any load."""
-    from cdscope.output.frames import ModelOptions
-
-    placement = None
-    if device_map is not None or max_memory is not None or offload_dir is not None:
-        from cdscope.core.models.placement import Placement
-
-        placement = Placement.from_options(device_map, max_memory, offload_dir)
-    return ModelOptions(
-        device, dtype, attn, placement, revision=revision, trust_remote_code=trust_remote_code
-    )
-
-
-def refuse_with_from(given: dict[str, object], defaults: dict[str, object]) -> None:
+def refuse_with_from(changed: dict[str, object]) -> None:
     """``--from`` reads numbers measured earlier (their model, device and dtype are in that
-    file): an option about loading or measuring a model would be silently ignored, so one
-    given with another value than its default is refused by name, as typed."""
-    changed = [
+    file): an option about loading or measuring a model would be silently ignored, so
+    each one given (``changed``: option name -> its value, or True to name the option
+    alone) is refused by name, as typed."""
+    named = [
         f"--{key.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
-        for key, value in given.items()
-        if value != defaults.get(key) and value not in (None, [], ())
+        for key, value in changed.items()
+        if value not in (None, [], ())
     ]
-    if changed:
+    if named:
         raise CdscopeError(
-            f"{', '.join(changed)} does not apply to --from, which reads measurements made "
+            f"{', '.join(named)} does not apply to --from, which reads measurements made "
             "earlier (their model, device and dtype are in that file): drop it, or measure "
             "again without --from"
         )
@@ -388,52 +319,6 @@ FromOpt = Annotated[
         help="Recompute from an existing probe Parquet (OUT.probe.parquet) without loading a model.",
     ),
 ]
-AuditSeedsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--seeds",
-        "-s",
-        min=1,
-        max=COUNT_MAX,
-        help="Number of probe seeds S (seeds 0..S-1) [default: 3].",
-    ),
-]
-AuditNOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--n", min=1, max=COUNT_MAX, help="Probe samples per family per seed [default: 3]."
-    ),
-]
-GranularityOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--granularity",
-        help="Gates: sublayer (one per write) | head (per attention head) | expert (per MoE "
-        "expert) | neuron (per MLP neuron, heads for attention) | edge (per edge of the eap-info "
-        "graph) [default: sublayer].",
-    ),
-]
-AuditTemplateOpt = Annotated[
-    str | None,
-    typer.Option("--template", "-t", help="Prompt template: plain | chat [default: plain]."),
-]
-RevisionOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--revision",
-        help="Hub branch, tag or commit of every --model that is a hub id (the commit hash "
-        "loaded is recorded in the output metadata).",
-    ),
-]
-TrustRemoteCodeOpt = Annotated[
-    bool,
-    typer.Option(
-        "--trust-remote-code",
-        help="Allow a hub repository or model directory to run its own modelling code.",
-    ),
-]
-
-
 def print_json(command: str, tables: dict[str, object], **extra: object) -> None:
     """``--json``: one strict JSON object on stdout (RFC 8259: what ``JSON.parse``, ``jq``
     and every strict parser accept); each DataFrame becomes a list of row records.

@@ -8,33 +8,24 @@ from typing import Annotated
 import typer
 
 from cdscope.cli.common import (
-    AttnOpt,
-    BatchOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
     JsonOpt,
-    MaxMemoryOpt,
-    OffloadDirOpt,
     PlotOpt,
     ProbeOpt,
-    RevisionOpt,
-    TrustRemoteCodeOpt,
     app,
     err_console,
-    model_options,
     out_console,
     print_json,
     user_errors,
 )
-from cdscope.cli.params import COUNT_MAX, SEED_MAX
+from cdscope.cli.options import annotated, with_settings
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
-from cdscope.settings import EapSettings
+from cdscope.settings import EapSettings, ModelSettings
 
 
 @app.command("eap-info")
 @user_errors
+@with_settings(ModelSettings, "model_settings")
 def eap_info(
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
@@ -46,22 +37,9 @@ def eap_info(
             help="Base model to compare with: same architecture and layer count; only samples both answer correctly are used.",
         ),
     ] = None,
-    family: Annotated[
-        str,
-        typer.Option("--family", "-f", help="Probe family whose prompts are answered and scored."),
-    ] = EapSettings.family,
-    n: Annotated[
-        int,
-        typer.Option(
-            "--n", min=1, max=COUNT_MAX, help="Samples drawn from the family (seeded, SPEC §4)."
-        ),
-    ] = EapSettings.n,
-    seed: Annotated[
-        int,
-        typer.Option(
-            "--seed", min=0, max=SEED_MAX, help="Probe draw seed; also seeds the bootstrap."
-        ),
-    ] = EapSettings.seed,
+    family: annotated(EapSettings, "family") = EapSettings.family,
+    n: annotated(EapSettings, "n") = EapSettings.n,
+    seed: annotated(EapSettings, "seed") = EapSettings.seed,
     probe: ProbeOpt = None,
     out: Annotated[
         Path,
@@ -72,38 +50,12 @@ def eap_info(
         ),
     ] = Path("results/eap.parquet"),
     plot: PlotOpt = None,
-    use_targets: Annotated[
-        bool,
-        typer.Option(
-            "--use-targets",
-            help="Score the probe targets instead of the model's verified answers (answer_source = probe_target).",
-        ),
-    ] = EapSettings.use_targets,
-    max_tokens: Annotated[
-        int,
-        typer.Option(
-            "--max-tokens",
-            min=1,
-            max=COUNT_MAX,
-            help="Skip (and count) samples whose prompt + answer is longer.",
-        ),
-    ] = EapSettings.max_tokens,
-    max_new_tokens: Annotated[
-        int,
-        typer.Option(
-            "--max-new-tokens", min=1, max=COUNT_MAX, help="Greedy generation bound per answer."
-        ),
-    ] = EapSettings.max_new_tokens,
-    batch_size: BatchOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: AttnOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_dir: OffloadDirOpt = None,
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustRemoteCodeOpt = False,
+    use_targets: annotated(EapSettings, "use_targets") = EapSettings.use_targets,
+    max_tokens: annotated(EapSettings, "max_tokens") = EapSettings.max_tokens,
+    max_new_tokens: annotated(EapSettings, "max_new_tokens") = EapSettings.max_new_tokens,
+    batch_size: annotated(EapSettings, "batch_size") = None,
     as_json: JsonOpt = False,
+    model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """Edge attribution statistics of verified answers: intensity, information complexity, kurtosis (SPEC §6).
 
@@ -115,12 +67,11 @@ def eap_info(
     from cdscope.commands.eap_info import eap_outputs, run_eap_info, write_eap_outputs
     from cdscope.core.probes import load_pool
     from cdscope.io import check_plot_path, check_writable
+    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import eap_summary_table
 
     settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)
-    options = model_options(
-        device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
-    )
+    options = ModelOptions.from_settings(model_settings)
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)

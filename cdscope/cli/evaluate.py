@@ -8,108 +8,32 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cdscope.cli.common import (
-    AttnOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
     JsonOpt,
-    MaxMemoryOpt,
-    OffloadDirOpt,
     PlotOpt,
     RecomputeOpt,
     ResumeOpt,
-    RevisionOpt,
     TaskColumnsOpt,
-    TrustRemoteCodeOpt,
     app,
     err_console,
-    model_options,
     models_or_embedded,
     out_console,
     print_json,
     resume_arg,
     user_errors,
 )
-from cdscope.cli.params import COUNT_MAX, SEED_MAX, finite
+from cdscope.cli.options import annotated, with_settings
 from cdscope.errors import CdscopeError
-from cdscope.messages import VerbatimTable, wrote
+from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
-from cdscope.settings import DEFAULT_MAX_NEW_TOKENS, EvalSettings
+from cdscope.settings import DEFAULT_MAX_NEW_TOKENS, EvalSettings, ModelSettings
 
 if TYPE_CHECKING:  # pandas loads with the workflow, not for --help
     import pandas as pd
-    from rich.table import Table
-
-
-def parse_ks(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CdscopeError(
-            f"--k takes comma-separated integers like 1,5,10; got {text!r}"
-        ) from None
-    if not values:
-        raise CdscopeError(f"--k takes comma-separated integers like 1,5,10; got {text!r}")
-    return values
-
-
-def parse_max_new_tokens(text: str | None) -> dict[str, int]:
-    """'' -> {} (per-domain defaults); '128' -> every domain; 'code=256,math=128' -> those."""
-    if not text:
-        return {}
-    out: dict[str, int] = {}
-    try:
-        if "=" not in text:
-            out = {"*": int(text)}
-        else:
-            for part in filter(None, (p.strip() for p in text.split(","))):
-                domain, value = part.split("=", 1)
-                out[domain.strip()] = int(value)
-    except ValueError:
-        raise CdscopeError(
-            f"--max-new-tokens takes N or DOMAIN=N,... (e.g. 128 or code=256,logic=192); got {text!r}"
-        ) from None
-    if any(not 1 <= v <= COUNT_MAX for v in out.values()):
-        raise CdscopeError(
-            f"--max-new-tokens values must lie in [1, {COUNT_MAX:,}] (tokens per completion); "
-            f"got {text!r}"
-        )
-    return out
-
-
-def stats_table(stats: pd.DataFrame) -> Table:
-    import pandas as pd
-
-    table = VerbatimTable(title="generation and verification", title_justify="left")
-    for name in (
-        "model",
-        "problems",
-        "samples",
-        "empty",
-        "tokens",
-        "tokens/s",
-        "generate s",
-        "verify s",
-        "verify share",
-    ):
-        table.add_column(name, justify="left" if name == "model" else "right")
-    for row in stats.itertuples(index=False):
-        table.add_row(
-            row.model,
-            str(row.problems),
-            str(row.samples),
-            str(row.empty),
-            str(row.tokens),
-            "-" if pd.isna(row.tokens_per_s) else f"{row.tokens_per_s:.1f}",
-            f"{row.generate_s:.1f}",
-            f"{row.verify_s:.1f}",
-            "-" if pd.isna(row.verify_share) else f"{100 * row.verify_share:.1f}%",
-        )
-    return table
 
 
 @app.command("eval")
 @user_errors
+@with_settings(ModelSettings, "model_settings")
 def eval_command(
     model: Annotated[
         list[str] | None,
@@ -129,22 +53,12 @@ def eval_command(
         ),
     ] = None,
     task_columns: TaskColumnsOpt = None,
-    n: Annotated[
-        int, typer.Option("--n", min=1, max=COUNT_MAX, help="Samples per problem.")
-    ] = EvalSettings.n,
+    n: annotated(EvalSettings, "n") = EvalSettings.n,
     k: Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")] = ",".join(
         map(str, EvalSettings.ks)
     ),
-    temperature: Annotated[
-        float,
-        typer.Option(
-            "--temperature", parser=finite(0, 100), help="Sampling temperature (0 = greedy)."
-        ),
-    ] = EvalSettings.temperature,
-    top_p: Annotated[
-        float,
-        typer.Option("--top-p", parser=finite(0, 1, low_open=True), help="Nucleus sampling mass."),
-    ] = EvalSettings.top_p,
+    temperature: annotated(EvalSettings, "temperature") = EvalSettings.temperature,
+    top_p: annotated(EvalSettings, "top_p") = EvalSettings.top_p,
     max_new_tokens: Annotated[
         str | None,
         typer.Option(
@@ -154,20 +68,10 @@ def eval_command(
             + "].",
         ),
     ] = None,
-    seed: Annotated[
-        int,
-        typer.Option("--seed", min=0, max=SEED_MAX, help="Run seed (per problem: seed x id)."),
-    ] = EvalSettings.seed,
-    limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="First N problems of each benchmark.")
-    ] = None,
-    batch_size: Annotated[
-        int | None,
-        typer.Option("--batch-size", "-b", min=1, help="Rows per generate call [default: n]."),
-    ] = None,
-    backend: Annotated[
-        str, typer.Option("--backend", help="hf | vllm (if installed).")
-    ] = EvalSettings.backend,
+    seed: annotated(EvalSettings, "seed") = EvalSettings.seed,
+    limit: annotated(EvalSettings, "limit") = None,
+    batch_size: annotated(EvalSettings, "batch_size") = None,
+    backend: annotated(EvalSettings, "backend") = EvalSettings.backend,
     hard: Annotated[
         Path | None, typer.Option("--hard", help="File of task ids (one per line): hard subset.")
     ] = None,
@@ -190,21 +94,10 @@ def eval_command(
             "--audit-probe", help="Probe pool JSONL(s) to audit against (default: shipped)."
         ),
     ] = None,
-    timeout: Annotated[
-        float, typer.Option("--timeout", parser=finite(0.1, 3600), help="Seconds per code test.")
-    ] = EvalSettings.timeout,
-    workers: Annotated[
-        int, typer.Option("--workers", min=1, max=256, help="Parallel code sandboxes.")
-    ] = EvalSettings.workers,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: AttnOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_dir: OffloadDirOpt = None,
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustRemoteCodeOpt = False,
+    timeout: annotated(EvalSettings, "timeout") = EvalSettings.timeout,
+    workers: annotated(EvalSettings, "workers") = EvalSettings.workers,
     as_json: JsonOpt = False,
+    model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """Sample n completions per problem, verify them, report unbiased pass@k (SPEC §7).
 
@@ -214,11 +107,11 @@ def eval_command(
     """
     from cdscope.commands.evaluate import check_backend, eval_outputs, evaluate, read_hard_ids
     from cdscope.io import check_plot_path, check_writable
+    from cdscope.output.frames import ModelOptions
+    from cdscope.settings import parse_ks, parse_max_new_tokens
     from cdscope.tasks import default_task_paths, load_tasks
 
-    options = model_options(
-        device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
-    )
+    options = ModelOptions.from_settings(model_settings)
     resume_with = resume_arg(resume, recompute)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
     loaded_tasks = load_tasks(task_paths, columns=task_columns)
@@ -288,7 +181,7 @@ def eval_command(
         outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
         print_json("eval", tables, outputs=outputs)
     else:
-        from cdscope.output.render_runs import passk_table
+        from cdscope.output.render_runs import passk_table, stats_table
 
         out_console.print(passk_table(result.passk, list(dict.fromkeys(models_or_embedded(model)))))
         out_console.print(stats_table(result.stats))

@@ -8,82 +8,49 @@ from typing import Annotated
 import typer
 
 from cdscope.cli.common import (
-    AttnOpt,
-    BatchOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
-    GranularityOpt,
     JsonOpt,
-    MaxMemoryOpt,
     ModelOpt,
-    NOpt,
-    OffloadDirOpt,
     ProbeOpt,
     RecomputeOpt,
     ResumeOpt,
-    RevisionOpt,
     SeedsOpt,
-    TemplateOpt,
-    TrustRemoteCodeOpt,
     app,
     err_console,
-    model_options,
     models_or_embedded,
     out_console,
     print_json,
     resume_arg,
     user_errors,
 )
-from cdscope.cli.params import SEED_MAX, finite
+from cdscope.cli.options import annotated, with_settings
+from cdscope.cli.params import SEED_MAX
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
-from cdscope.settings import GradcheckSettings, ProbeSettings
+from cdscope.settings import GradcheckSettings, ModelSettings, ProbeSettings
 
 
 @app.command()
 @user_errors
+@with_settings(ModelSettings, "model_settings")
 def probe(
     model: ModelOpt = None,
     seeds: SeedsOpt = 1,
-    n: NOpt = ProbeSettings.n,
+    n: annotated(ProbeSettings, "n") = ProbeSettings.n,
     probe: ProbeOpt = None,
-    template: TemplateOpt = ProbeSettings.template,
+    template: annotated(ProbeSettings, "template") = ProbeSettings.template,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
         "results/probe.parquet"
     ),
-    estimator: Annotated[
-        str,
-        typer.Option(
-            "--estimator", help="autograd (one backward) | fd (2K gated forwards, slow check)."
-        ),
-    ] = ProbeSettings.estimator,
-    fd_step: Annotated[
-        float,
-        typer.Option(
-            "--fd-step", parser=finite(0, 1, low_open=True), help="Gate step h of the fd estimator."
-        ),
-    ] = ProbeSettings.fd_step,
-    fd_order: Annotated[
-        int,
-        typer.Option(
-            "--fd-order", help="fd stencil: 2 (2K passes, O(h^2)) or 4 (4K passes, O(h^4))."
-        ),
-    ] = ProbeSettings.fd_order,
-    batch_size: BatchOpt = None,
-    granularity: GranularityOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: AttnOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_dir: OffloadDirOpt = None,
+    estimator: annotated(ProbeSettings, "estimator") = ProbeSettings.estimator,
+    fd_step: annotated(ProbeSettings, "fd_step") = ProbeSettings.fd_step,
+    fd_order: annotated(ProbeSettings, "fd_order") = ProbeSettings.fd_order,
+    batch_size: annotated(ProbeSettings, "batch_size") = None,
+    granularity: annotated(ProbeSettings, "granularity") = ProbeSettings.granularity,
     resume: ResumeOpt = False,
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
     recompute: RecomputeOpt = False,
+    model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """Measure the control matrix C, activation matrix F and l_m per family (SPEC §2).
 
@@ -94,15 +61,13 @@ def probe(
     from cdscope.commands.probe import collect_control
     from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
+    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import seed_summary_table
 
     settings = ProbeSettings(
-        tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order,
-        granularity or ProbeSettings.granularity,
-    )  # fmt: skip
-    options = model_options(
-        device, dtype, attn, device_map, max_memory, offload_dir, revision, trust_remote_code
+        tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order, granularity
     )
+    options = ModelOptions.from_settings(model_settings)
     target = check_writable(out)
     pool = load_pool(probe)
     frame, _ = collect_control(
@@ -144,57 +109,44 @@ def _seed_records(frame) -> list[dict]:  # noqa: ANN001
     return records
 
 
-def _eps_list(text: str) -> list[float]:
+def _eps_list(text: str) -> tuple[float, ...]:
+    """``--eps 0.05,0.01`` -> (0.05, 0.01); ``GradcheckSettings`` checks their range."""
     try:
-        values = [float(x) for x in text.split(",") if x.strip()]
+        return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise CdscopeError(
             f"--eps takes comma-separated numbers like 0.05,0.01; got {text!r}"
         ) from None
-    if not values or not all(0 < v < 1 for v in values):  # NaN fails every comparison
-        raise CdscopeError(f"--eps values must be finite numbers in (0, 1); got {text!r}")
-    return values
 
 
 @app.command()
 @user_errors
+@with_settings(ModelSettings, "model_settings", attn="eager")  # the exact gradient needs eager
 def gradcheck(
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
     ] = EMBEDDED_NAME,
     seeds: SeedsOpt = len(GradcheckSettings.seeds),
-    n: NOpt = GradcheckSettings.n,
+    n: annotated(GradcheckSettings, "n") = GradcheckSettings.n,
     probe: ProbeOpt = None,
-    template: TemplateOpt = GradcheckSettings.template,
+    template: annotated(GradcheckSettings, "template") = GradcheckSettings.template,
     eps: Annotated[
         str, typer.Option("--eps", help="Comma-separated gate steps to sweep.")
     ] = ",".join(f"{e:g}" for e in GradcheckSettings.eps),
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
         "results/gradcheck.parquet"
     ),
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: Annotated[
-        str, typer.Option("--attn", help="Attention kernel; the exact gradient needs eager.")
-    ] = "eager",
-    richardson_sweep: Annotated[
-        bool,
-        typer.Option(
-            "--richardson-sweep", help="Also sweep the Richardson proxy over every --eps."
-        ),
-    ] = GradcheckSettings.richardson_sweep,
-    batch_size: BatchOpt = None,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_dir: OffloadDirOpt = None,
+    richardson_sweep: annotated(GradcheckSettings, "richardson_sweep") = False,
+    batch_size: annotated(GradcheckSettings, "batch_size") = None,
     first_seed: Annotated[
         int,
         typer.Option(
             "--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1."
         ),
     ] = GradcheckSettings.seeds[0],
-    granularity: GranularityOpt = None,
+    granularity: annotated(GradcheckSettings, "granularity") = GradcheckSettings.granularity,
     as_json: JsonOpt = False,
+    model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
 
@@ -206,21 +158,16 @@ def gradcheck(
     from cdscope.commands.gradcheck import run_gradcheck
     from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
+    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import gradcheck_table
 
-    eps_values = _eps_list(eps)
-    options = model_options(device, dtype, attn, device_map, max_memory, offload_dir)
+    settings = GradcheckSettings(
+        tuple(range(first_seed, first_seed + seeds)), n, template, _eps_list(eps),
+        richardson_sweep, batch_size, granularity,
+    )  # fmt: skip
+    options = ModelOptions.from_settings(model_settings)
     target = check_writable(out)
     pool = load_pool(probe)
-    settings = GradcheckSettings(
-        tuple(range(first_seed, first_seed + seeds)),
-        n,
-        template,
-        tuple(eps_values),
-        richardson_sweep,
-        batch_size,
-        granularity or GradcheckSettings.granularity,
-    )
     frame = run_gradcheck(
         model_spec=model, pool=pool, settings=settings, out=target, options=options,
         console=err_console,

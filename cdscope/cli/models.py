@@ -8,7 +8,7 @@ import typer
 
 from cdscope.cli.common import JsonOpt, app, err_console, out_console, print_json, user_errors
 from cdscope.errors import CdscopeError
-from cdscope.messages import VerbatimTable, dim, say, wrote
+from cdscope.messages import dim, say, wrote
 from cdscope.resources import EMBEDDED_NAME
 
 models_app = typer.Typer(
@@ -89,8 +89,6 @@ def list_models(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json("models list", {"models": [row]})
         return
-    table = VerbatimTable(title="models cdscope installs", title_justify="left")
-    for column in ("name", "GGUF", "from", "dequantised cache"):
-        table.add_column(column, overflow="fold")  # paths are shown whole
-    table.add_row(EMBEDDED_NAME, gguf or "-", source, str(cache) if cached else "not yet built")
-    out_console.print(table)
+    from cdscope.output.render_models import installed_models_table
+
+    out_console.print(installed_models_table(row))

@@ -8,18 +8,12 @@ from typing import Annotated
 import typer
 
 from cdscope.cli.common import (
-    AttnOpt,
-    BatchOpt,
-    DeviceOpt,
-    DtypeOpt,
     FromOpt,
     JsonOpt,
     ModelOpt,
     PlotOpt,
     ProbeOpt,
     ResumeOpt,
-    SeedsOpt,
-    TemplateOpt,
     app,
     err_console,
     models_or_embedded,
@@ -28,20 +22,23 @@ from cdscope.cli.common import (
     refuse_with_from,
     user_errors,
 )
+from cdscope.cli.options import annotated, with_settings
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
+from cdscope.settings import ModelSettings, NsweepSettings, ProbeSettings
 
 
 @app.command()
 @user_errors
+@with_settings(ModelSettings, "model_settings")
 def nsweep(
     model: ModelOpt = None,
-    seeds: SeedsOpt = 7,
+    seeds: annotated(NsweepSettings, "seeds") = NsweepSettings.seeds,
     ns: Annotated[
         str, typer.Option("--ns", help="Probe sizes n to sweep, comma-separated.")
-    ] = "1,2,3,6,12,24",
+    ] = ",".join(map(str, NsweepSettings.ns)),
     probe: ProbeOpt = None,
-    template: TemplateOpt = "plain",
+    template: annotated(ProbeSettings, "template") = ProbeSettings.template,
     out: Annotated[
         Path,
         typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
@@ -50,10 +47,8 @@ def nsweep(
     as_json: JsonOpt = False,
     from_path: FromOpt = None,
     resume: ResumeOpt = False,
-    batch_size: BatchOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    attn: AttnOpt = "auto",
+    batch_size: annotated(ProbeSettings, "batch_size") = None,
+    model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """B_shared(C) and its noise-corrected twin against the probe size n, over seeds.
 
@@ -63,26 +58,30 @@ def nsweep(
     """
 
     from cdscope.commands.audit import sibling
-    from cdscope.commands.nsweep import parse_ns, run_nsweep
+    from cdscope.commands.audit_run import ProbeRequest
+    from cdscope.commands.nsweep import run_nsweep
     from cdscope.io import check_plot_path, check_writable
-    from cdscope.output.frames import ModelOptions, ProbeSettings
+    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import nsweep_table
 
-    sizes = parse_ns(ns)
+    sweep = NsweepSettings.parse(seeds, ns)
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
     if from_path is not None and resume:
         raise CdscopeError("--resume continues a measurement; it does not apply to --from")
     if from_path is not None:
-        given = {"probe": probe, "batch_size": batch_size, "device": device, "dtype": dtype,
-                 "attn": attn}  # fmt: skip
-        refuse_with_from(given, {"device": "auto", "dtype": "auto", "attn": "auto"})
-    settings = ProbeSettings(tuple(range(seeds)), max(sizes), template, "autograd", batch_size)
-    result = run_nsweep(
-        target, sizes, models_or_embedded(model) if from_path is None else model, from_path, settings,
-        probe, ModelOptions(device, dtype, attn), resume, err_console, plot,
+        measuring = {"probe": bool(probe), "batch_size": batch_size is not None}
+        refuse_with_from({k: True for k, v in measuring.items() if v} | model_settings.changed())
+    settings = ProbeSettings(
+        tuple(range(sweep.seeds)), max(sweep.ns), template, "autograd", batch_size
+    )
+    request = ProbeRequest(
+        out=target, model_specs=models_or_embedded(model) if from_path is None else model,
+        settings=settings, from_path=from_path, probe_paths=probe,
+        options=ModelOptions.from_settings(model_settings), resume=resume,
     )  # fmt: skip
+    result = run_nsweep(request, sweep.ns, err_console, plot)
     outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
@@ -90,7 +89,7 @@ def nsweep(
         outputs["plot"] = str(plot)
     if as_json:
         tables = {"summary": result.summary, "per_seed": result.per_seed}
-        print_json("nsweep", tables, ns=list(sizes), outputs=outputs)
+        print_json("nsweep", tables, ns=list(sweep.ns), outputs=outputs)
     else:
         out_console.print(nsweep_table(result.summary))
     for name, path in outputs.items():

@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from cdscope.cli.audits import FailAboveOpt
 from cdscope.cli.common import app, err_console, user_errors
+from cdscope.cli.options import annotated
 from cdscope.messages import wrote
+from cdscope.settings import AuditSettings
 
 
 @app.command("report")
@@ -27,7 +28,7 @@ def report(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="The HTML page to write (.html).")
     ] = Path("results/report.html"),
-    fail_above: FailAboveOpt = None,
+    fail_above: annotated(AuditSettings, "fail_above") = None,
 ) -> None:
     """One self-contained HTML page of finished runs: figures, tables, metadata (docs/report.md).
 
@@ -41,6 +42,8 @@ def report(
 
     built = build_report(runs, out, fail_above)
     wrote(err_console, f"report: {out} ({len(built)} run(s))")
-    failed = [f for run in built if run.verdict for f in run.verdict.failed]
-    if failed:
-        raise AuditFailed(f"mean B_shared(C) above the threshold: {', '.join(failed)}")
+    verdicts = [run.verdict for run in built if run.verdict and run.verdict.failed]
+    if verdicts:
+        labels = " / ".join(dict.fromkeys(v.label for v in verdicts))
+        failed = [f for v in verdicts for f in v.failed]
+        raise AuditFailed(f"mean {labels} above the threshold: {', '.join(failed)}")

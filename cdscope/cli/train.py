@@ -17,18 +17,15 @@ from cdscope.cli.common import (
     print_json,
     user_errors,
 )
+from cdscope.cli.options import option
 from cdscope.messages import wrote
-from cdscope.train.config import cli_fields
+from cdscope.settings.training import TrainConfig, cli_fields
 
 
 def _opt(name: str) -> Any:
-    """The option of TrainConfig field ``name``: flag, help and default from its metadata."""
-    spec = _FIELDS[name]
-    default = spec.default
-    suffix = f" [default: {default}]" if default is not None and default is not False else ""
-    return typer.Option(
-        spec.metadata["flag"], help=spec.metadata["help"] + suffix, show_default=False
-    )
+    """The option of TrainConfig field ``name``: unset by default (the preset or the
+    dataclass decides), its help showing the dataclass default."""
+    return option(TrainConfig, name, unset=True)
 
 
 _FIELDS = {f.name: f for f in cli_fields()}
@@ -114,7 +111,6 @@ def train(
     """
     from cdscope.commands.train import run_train
     from cdscope.tasks.readers import with_mapping
-    from cdscope.train.config import TrainConfig
 
     given = locals()
     explicit: dict[str, Any] = {

@@ -57,6 +57,7 @@ from cdscope.output.frames import (
     sample_sets,
 )
 from cdscope.output.notebook import audit_html, audit_repr
+from cdscope.output.render import measure_name
 
 
 def bshared_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
@@ -115,11 +116,21 @@ def _measure_groups(frame: pd.DataFrame, by: list[str]):  # noqa: ANN202
 
 @dataclass(frozen=True)
 class AuditSpec:
+    """One audit command: its measure function and what its outputs show first."""
+
     command: str
     measures: MeasureFn
-    headline: str  # the measure --fail-above and plots look at first
+    headline: str  # the measure the per-seed table, print(result) and the report show first
+    plot_measures: tuple[str, ...]  # the measures the figure's bars show, in order
+    title: str  # the title of the figure's bars
+    gated: str = "B_shared_C"  # the measure --fail-above and the report's verdict compare
     k_dependent: tuple[str, ...] = ()  # measures whose scale depends on K
     corrected: tuple[str, ...] = ()  # noise-corrected measures added (uncertainty.CORRECTED)
+
+    @property
+    def gated_label(self) -> str:
+        """How messages name the gated measure: ``B_shared(C)``."""
+        return measure_name(self.gated)
 
 
 AUDITS = {
@@ -127,15 +138,28 @@ AUDITS = {
         "bshared",
         bshared_measures,
         "B_shared_C",
+        ("B_shared_C", "B_shared_C_unbiased"),
+        "B_shared(C), plain and noise-corrected",
         corrected=("B_shared_C_unbiased", "R_C_unbiased", "gram_negative_mass"),
     ),
-    "acg": AuditSpec("acg", acg_measures, "ACG", corrected=("B_shared_C_unbiased",)),
+    "acg": AuditSpec(
+        "acg",
+        acg_measures,
+        "ACG",
+        ("B_shared_F", "B_shared_C", "ACG"),
+        "Activation vs control",
+        corrected=("B_shared_C_unbiased",),
+    ),
     "decompose": AuditSpec(
         "decompose",
         decompose_measures,
         "B_shared_C",
-        ("PR", "top1%"),
-        ("B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"),
+        ("B_shared_C", "B_dir", "B_norm"),
+        "Bottleneck decomposition",
+        k_dependent=("PR", "top1%"),
+        corrected=(
+            "B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"
+        ),
     ),
 }
 
@@ -170,14 +194,10 @@ class AuditResult:
         return audit_html(self.command, AUDITS[self.command].headline, self.tables())
 
 
-#: the measure ``--fail-above`` gates (bshared's CI gate, and ``cdscope report``'s verdict)
-GATED = "B_shared_C"
-
-
-def exceeding(summary: pd.DataFrame, fail_above: float) -> list[str]:
-    """The models whose mean B_shared(C) is above ``fail_above`` percent, as
-    'model 87.3%' (the verdict of ``--fail-above``; empty: passed)."""
-    means = summary[summary["measure"] == GATED]
+def exceeding(summary: pd.DataFrame, fail_above: float, measure: str = "B_shared_C") -> list[str]:
+    """The models whose mean ``measure`` (an audit's ``AuditSpec.gated``) is above
+    ``fail_above`` percent, as 'model 87.3%' (the verdict of ``--fail-above``; empty: passed)."""
+    means = summary[summary["measure"] == measure]
     return [
         f"{r.model} {100 * r.mean:.1f}%" for r in means.itertuples() if 100 * r.mean > fail_above
     ]

@@ -20,6 +20,7 @@ from cdscope.errors import CdscopeError
 from cdscope.finite import first_unusable
 from cdscope.io import read_parquet
 from cdscope.output.frames import FRAME_COLUMNS, SAMPLE_COLUMNS, UNIT_COLUMN
+from cdscope.settings.names import SUBLAYER
 
 
 def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFrame, dict]:
@@ -27,7 +28,7 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
     frame, metadata = read_parquet(path)
     check_probe_frame(frame, str(path))
     check_probe_file(frame, metadata, path)
-    settings = {"granularity": "sublayer", **metadata["settings"]}  # older files: sublayer
+    settings = {"granularity": SUBLAYER, **metadata["settings"]}  # older files: sublayer
     for key, wanted in expect.items():
         if wanted is not None and settings.get(key) != wanted:
             raise CdscopeError(

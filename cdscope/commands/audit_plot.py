@@ -19,13 +19,6 @@ if TYPE_CHECKING:  # the engine draws through this module (run_audit), not the r
 
     from cdscope.commands.audit import AuditResult
 
-#: the measures each audit's bars show, and its title
-FIGURES = {
-    "bshared": (["B_shared_C", "B_shared_C_unbiased"], "B_shared(C), plain and noise-corrected"),
-    "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
-}
-
-
 def units_plot_path(path: Path) -> Path:
     """``fig.png`` -> ``fig.units.png``: the unit figure beside an audit's figure."""
     return path.with_name(f"{path.stem}.units{path.suffix}")
@@ -33,12 +26,16 @@ def units_plot_path(path: Path) -> Path:
 
 def audit_figure(result: AuditResult, ax: Axes | None = None) -> Figure:
     """The figure of ``result`` (``ax``: its first panel on the caller's Axes)."""
+    from cdscope.commands.audit import AUDITS
     from cdscope.output import plots
 
+    spec = AUDITS[result.command]
+    measures = list(spec.plot_measures)
     if result.command == "decompose":
-        return plots.decompose_figure(result.per_seed, result.summary, ax)
-    measures, title = FIGURES[result.command]
-    return plots.audit_figure(title, result.per_seed, result.summary, result.paired, measures, ax)
+        return plots.decompose_figure(result.per_seed, result.summary, measures, spec.title, ax)
+    return plots.audit_figure(
+        spec.title, result.per_seed, result.summary, result.paired, measures, ax
+    )
 
 
 def draw_audit(path: Path | None, result: AuditResult, ax: Axes | None = None) -> Figure:

@@ -21,7 +21,6 @@ from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.core.regularizer import exact_grad, fidelity, regularizer_grad
 from cdscope.distributed import single_process_only
-from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet, partial_path
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata, write_parquet
@@ -30,7 +29,6 @@ from cdscope.output.frames import ModelOptions, describe_seeds
 from cdscope.settings import (
     DEFAULT_EPS,
     DEFAULT_ESTIMATOR,
-    GATE_GRANULARITIES,
     GradcheckSettings,
 )
 
@@ -61,11 +59,6 @@ def run_gradcheck(
     every seed, ``out`` is written when the sweep is complete (an earlier ``out`` stays
     as it was until then)."""
     single_process_only("gradcheck")
-    if settings.granularity not in GATE_GRANULARITIES:
-        raise CdscopeError(
-            f"gradcheck --granularity must be one of {', '.join(GATE_GRANULARITIES)}; "
-            f"got {settings.granularity!r}"
-        )
     console = console or make_console()
     seeds, n, template = settings.seeds, settings.n, settings.template
     eps_list, batch_size = settings.eps, settings.batch_size

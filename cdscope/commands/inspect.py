@@ -13,7 +13,9 @@ import time
 
 from cdscope.core.eap_graph import eap_support_and_plan
 from cdscope.core.models.adapters import Architecture, architecture_of
-from cdscope.core.models.loading import LoadedModel, load_model
+from cdscope.core.models.loading import LoadedModel
+from cdscope.output.frames import ModelOptions
+from cdscope.settings.names import SUBLAYER
 
 
 def second_order_note(loaded: LoadedModel, arch: Architecture) -> str:
@@ -36,7 +38,7 @@ def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
                 "gate": k,
                 "role": w.role,
                 "module": w.path,
-                "sublayer": w.sublayer,
+                SUBLAYER: w.sublayer,
                 "post_norm": w.post_norm,
                 "parallel": w.parallel,
                 "scale": w.scale,
@@ -64,17 +66,10 @@ def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
     }
 
 
-def run_inspect(
-    model: str,
-    device: str = "cpu",
-    dtype: str = "auto",
-    attn: str = "auto",
-    trust_remote_code: bool = False,
-) -> dict:
-    """Load ``model``, discover and prove its writes, and describe them."""
-    loaded = load_model(
-        model, device=device, dtype=dtype, attn=attn, trust_remote_code=trust_remote_code
-    )
+def run_inspect(model: str, options: ModelOptions = ModelOptions(device="cpu")) -> dict:
+    """Load ``model`` (on the CPU unless ``options`` say otherwise), discover and prove its
+    writes, and describe them."""
+    loaded = options.load(model)
     start = time.perf_counter()
     arch = architecture_of(loaded.model)
     return describe(loaded, arch, time.perf_counter() - start)

@@ -36,13 +36,12 @@ from cdscope.analysis import spectral
 from cdscope.analysis.stats import mean_se
 from cdscope.analysis.uncertainty import FamilySamples, contributions, corrected_measures
 from cdscope.commands.audit import sibling
-from cdscope.commands.audit_run import obtain_probe_frame
+from cdscope.commands.audit_run import ProbeRequest, obtain_probe_frame
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import run_metadata
-from cdscope.output.frames import ModelOptions, ProbeSettings, sample_sets
+from cdscope.output.frames import sample_sets
 
-NS_DEFAULT = (1, 2, 3, 6, 12, 24)
 MEASURES = ("B_shared_C", "B_shared_C_unbiased", "gram_negative_mass")
 
 
@@ -107,46 +106,22 @@ def summarize_sweep(per_seed: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "n", "measure", "n_seeds", "mean", "se"])
 
 
-def parse_ns(text: str) -> tuple[int, ...]:
-    """'1,2,3,6' -> (1, 2, 3, 6): sorted, distinct, each >= 1."""
-    try:
-        ns = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise CdscopeError(
-            f"--ns takes comma-separated integers like 1,2,3,6; got {text!r}"
-        ) from None
-    if not ns or ns[0] < 1:
-        raise CdscopeError(f"--ns values must be at least 1; got {text!r}")
-    return tuple(ns)
-
-
 def run_nsweep(
-    out: Path,
-    ns: Sequence[int],
-    model_specs: list[str] | None,
-    from_path: Path | None,
-    settings: ProbeSettings,
-    probe_paths: list[Path] | None,
-    options: ModelOptions,
-    resume: bool | str,
-    console: Console,
-    plot: Path | None = None,
+    request: ProbeRequest, ns: Sequence[int], console: Console, plot: Path | None = None
 ) -> NsweepResult:
     """Measure (n = max(ns) per family) or read the per-sample probe, sweep n, write the
     outputs (and the figure at ``plot``) as one set (``cdscope.fileset``)."""
-    probe = [sibling(out, "probe")] if from_path is None else []
+    out = request.out
+    probe = [sibling(out, "probe")] if request.from_path is None else []
     with FileSet(out, sibling(out, "summary"), *probe, plot) as outputs:
-        probe_frame, probe_meta = obtain_probe_frame(
-            "nsweep", out, model_specs, from_path, settings, probe_paths, options, resume,
-            console, outputs=outputs,
-        )  # fmt: skip
+        probe_frame, probe_meta = obtain_probe_frame("nsweep", request, console, outputs)
         per_seed = sweep_frame(probe_frame, ns)
         summary = summarize_sweep(per_seed)
         metadata = run_metadata(
             "nsweep",
             ns=list(ns),
             nesting="first n of a per-(seed, family) permutation of the n_max drawn samples",
-            source=str(from_path) if from_path else "measured",
+            source=request.source,
             probe=probe_meta,
         )
         outputs.write_parquet(per_seed, out, metadata)

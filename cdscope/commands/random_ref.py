@@ -17,6 +17,7 @@ from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_refere
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import check_plot_path, check_writable, run_metadata
+from cdscope.settings.names import SUBLAYER
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
 ROUNDING = 0.0005  # half the 0.1 % step of the tables: how far a typed --value may undercut 1/M
@@ -53,7 +54,7 @@ def random_reference_result(
     seed: int = 0,
     value: float | None = None,
     model: str | None = None,
-    granularity: str = "sublayer",
+    granularity: str = SUBLAYER,
 ) -> RandomReferenceResult:
     """Check the inputs, take K from ``model`` when ``gates`` is None, sample, summarise.
 
@@ -125,7 +126,7 @@ def run_random_reference(
     if plot is not None:
         check_plot_path(plot)
     result = random_reference_result(
-        families, gates, trials, seed, value, model, granularity or "sublayer"
+        families, gates, trials, seed, value, model, granularity or SUBLAYER
     )
     with FileSet(target, plot) as outputs:  # the samples and the figure: both or neither
         outputs.write_parquet(result.frame, target, run_metadata("random-ref", **result.stats))
@@ -148,7 +149,7 @@ def draw_random_reference(path: Path | None, result: RandomReferenceResult, ax: 
     return fig
 
 
-def model_gate_count(spec: str, granularity: str = "sublayer") -> int:
+def model_gate_count(spec: str, granularity: str = SUBLAYER) -> int:
     """K of ``spec`` at ``granularity``: at sublayer, the number of residual writes its
     proven architecture description has (the model is loaded: K is discovered from its
     forward, not read from a table); finer, the gates of ``GatedModel``'s gate set."""

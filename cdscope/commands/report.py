@@ -41,6 +41,7 @@ class Verdict:
     threshold: float
     source: str  # "report" (this command's option) or "run" (the audit's own)
     failed: list[str]
+    label: str = "B_shared(C)"  # the gated measure (AuditSpec.gated_label)
 
 
 @dataclass
@@ -159,7 +160,9 @@ def verdict_of(run: RunOutput, fail_above: float | None) -> Verdict | None:
         threshold, source = run.metadata.get("fail_above"), "run"
     if threshold is None:
         return None
-    return Verdict(float(threshold), source, exceeding(run.audit.summary, float(threshold)))
+    spec = AUDITS[run.audit.command]
+    failed = exceeding(run.audit.summary, float(threshold), spec.gated)
+    return Verdict(float(threshold), source, failed, spec.gated_label)
 
 
 def section(run: RunOutput) -> str:

@@ -33,8 +33,8 @@ from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, content_hash, read_parquet, run_metadata
 from cdscope.lock import OutputLock
 from cdscope.messages import make_console, warn
+from cdscope.settings.training import TrainConfig
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
-from cdscope.train.config import TrainConfig
 from cdscope.train.loop import train
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult
 from cdscope.train.tracking import require_tracker

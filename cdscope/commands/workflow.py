@@ -29,6 +29,7 @@ from cdscope.finite import NonFinite
 from cdscope.io import run_metadata
 from cdscope.messages import warn
 from cdscope.output.frames import ModelOptions, ProbeSettings, describe_seeds
+from cdscope.settings.names import SUBLAYER
 
 
 def distinct_models(names: Sequence[str]) -> None:
@@ -130,7 +131,7 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
             "family": np.repeat(result.families, K),
             "gate": np.tile(np.arange(K), M),
             "layer": np.tile(gates.layers, M),
-            "sublayer": np.tile(gates.sublayers, M),
+            SUBLAYER: np.tile(gates.sublayers, M),
             "unit": pd.array(np.tile(np.array(gates.unit_indices, dtype=object), M), dtype="Int64"),
             "C": result.C.ravel(),
             "F": result.F.ravel(),

@@ -25,8 +25,7 @@ import torch
 
 from cdscope.core.probes import ProbeItem
 from cdscope.errors import CdscopeError
-
-TEMPLATES = ("plain", "chat")
+from cdscope.settings.names import TEMPLATES
 
 
 @dataclass

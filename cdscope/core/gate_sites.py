@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from cdscope.hooks import first_tensor, replace_first
+from cdscope.settings.names import SUBLAYER
 
 
 def gate_dtype(model_dtype: torch.dtype) -> torch.dtype:
@@ -43,7 +44,7 @@ class GateSet:
     """The ordered gates of a model at one granularity."""
 
     units: tuple[GateUnit, ...]
-    granularity: str = "sublayer"
+    granularity: str = SUBLAYER
 
     @property
     def K(self) -> int:  # noqa: N802 - K is the SPEC's symbol

@@ -46,7 +46,7 @@ from cdscope.core.gate_units import unit_sites
 from cdscope.core.models.adapters import Architecture, architecture_of
 from cdscope.errors import CdscopeError
 from cdscope.hooks import HookSet
-from cdscope.settings import GATE_GRANULARITIES
+from cdscope.settings.names import GATE_GRANULARITIES, SUBLAYER
 
 
 class GatedModel:
@@ -63,7 +63,7 @@ class GatedModel:
         self,
         model: nn.Module,
         architecture: Architecture | None = None,
-        granularity: str = "sublayer",
+        granularity: str = SUBLAYER,
     ) -> None:
         if granularity not in GATE_GRANULARITIES:
             raise ValueError(
@@ -72,7 +72,7 @@ class GatedModel:
         self.model = model
         self.architecture = architecture or architecture_of(model)  # discovered + proven
         writes = self.architecture.write_modules(model)
-        if granularity == "sublayer":
+        if granularity == SUBLAYER:
             self._sites: list = [
                 WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)
             ]

@@ -34,18 +34,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cdscope.io import atomic_write_bytes, check_plot_path
-from cdscope.output.render import negatives
+from cdscope.output.render import LABELS, measure_name, negatives
 
 PALETTE = ["#1f4e79", "#c55a11", "#548235", "#7030a0", "#bf9000", "#2e75b6", "#a50021"]
-LABELS = {
-    "B_shared_C": "B_shared(C)",
-    "B_shared_C_unbiased": "B_shared(C)\ncorrected",
-    "B_shared_F": "B_shared(F)",
-    "R_C": "R(C)",
-    "ACG": "ACG",
-    "B_dir": "B_dir",
-    "B_norm": "B_norm",
-}
 MARKERS = ("o", "s", "^", "D", "v")
 STYLE = {
     "font.size": 10,
@@ -172,7 +163,7 @@ def _forest(ax: Axes, paired: pd.DataFrame, measures: list[str]) -> None:
         if not np.isnan(lo):
             ax.plot([lo, hi], [y, y], color=color, lw=2)
         ax.plot(mean, y, "o", color=color, ms=7)
-        measure = LABELS.get(row["measure"], row["measure"]).replace("\n", " ")
+        measure = measure_name(row["measure"])
         labels.append(f"{short_label(row['model'], 18)}\n{measure}  ({negatives(row)} < 0)")
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
@@ -216,18 +207,22 @@ def audit_figure(
 
 @styled
 def decompose_figure(
-    per_seed: pd.DataFrame, summary: pd.DataFrame, ax: Axes | None = None
+    per_seed: pd.DataFrame,
+    summary: pd.DataFrame,
+    measures: list[str],
+    title: str,
+    ax: Axes | None = None,
 ) -> Figure:
-    """B_shared, B_dir, B_norm bars and one |cos| heatmap of C's rows per model (``ax``:
-    the bars only)."""
+    """Bars of ``measures`` (B_shared, B_dir, B_norm) under ``title`` and one |cos| heatmap
+    of C's rows per model (``ax``: the bars only)."""
     models = list(dict.fromkeys(per_seed["model"]))
     if ax is not None:
-        _bars(ax, per_seed, summary, ["B_shared_C", "B_dir", "B_norm"], models)
-        ax.set_title(f"Bottleneck decomposition — {_seeds_title(summary)}")
+        _bars(ax, per_seed, summary, measures, models)
+        ax.set_title(f"{title} — {_seeds_title(summary)}")
         return ax.figure
     fig, axes = new_axes(1, 1 + len(models), (6.5 + 3.8 * len(models), 4.2))
-    _bars(axes[0, 0], per_seed, summary, ["B_shared_C", "B_dir", "B_norm"], models)
-    axes[0, 0].set_title(f"Bottleneck decomposition — {_seeds_title(summary)}")
+    _bars(axes[0, 0], per_seed, summary, measures, models)
+    axes[0, 0].set_title(f"{title} — {_seeds_title(summary)}")
     for i, model in enumerate(models):
         ax = axes[0, i + 1]
         cos = summary[(summary["model"] == model) & (summary["measure"] == "abs_cos")]

@@ -23,6 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from cdscope.analysis import spectral
 from cdscope.output.frames import control_matrices
 from cdscope.output.plots import PALETTE, new_axes, save_figure, short_label, styled
+from cdscope.settings.names import SUBLAYER
 
 
 def _curves(frame: pd.DataFrame, model: str) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -40,7 +41,7 @@ def head_grid(frame: pd.DataFrame, model: str) -> dict[str, np.ndarray]:
     rows = frame[
         (frame["model"] == model)
         & ~frame["dropped"].astype(bool)
-        & (frame["sublayer"] == "attn")
+        & (frame[SUBLAYER] == "attn")
         & frame["unit"].notna()
     ]
     out = {}

@@ -11,6 +11,22 @@ from rich.text import Text
 from cdscope.analysis.spectral import b_shared
 from cdscope.messages import VerbatimTable
 
+#: how figures and messages name a measure (figures break the long ones over two lines)
+LABELS = {
+    "B_shared_C": "B_shared(C)",
+    "B_shared_C_unbiased": "B_shared(C)\ncorrected",
+    "B_shared_F": "B_shared(F)",
+    "R_C": "R(C)",
+    "ACG": "ACG",
+    "B_dir": "B_dir",
+    "B_norm": "B_norm",
+}
+
+
+def measure_name(measure: str) -> str:
+    """The one-line name of ``measure`` in messages: ``B_shared_C`` -> ``B_shared(C)``."""
+    return LABELS.get(measure, measure).replace("\n", " ")
+
 
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}"

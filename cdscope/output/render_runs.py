@@ -1,5 +1,6 @@
 """Tables of training and evaluation runs (the terminal's, and the report's through
-``html.rich_table``): pass@k per scope and k (SPEC §7), and one row per training step."""
+``html.rich_table``): pass@k per scope and k (SPEC §7), eval's generation and
+verification statistics, and one row per training step."""
 
 from __future__ import annotations
 
@@ -72,5 +73,36 @@ def train_table(log: pd.DataFrame, arm: str) -> Table:
             f"{100 * r['r_before']:.2f} -> {100 * r['r_after']:.2f}",
             str(r["proj_iters"]),
             f"{r['step_s']:.1f}",
+        )
+    return table
+
+
+def stats_table(stats: pd.DataFrame) -> Table:
+    """eval: per model, problems, samples, empty completions, tokens and throughput, and
+    the share of the time spent verifying."""
+    table = VerbatimTable(title="generation and verification", title_justify="left")
+    for name in (
+        "model",
+        "problems",
+        "samples",
+        "empty",
+        "tokens",
+        "tokens/s",
+        "generate s",
+        "verify s",
+        "verify share",
+    ):
+        table.add_column(name, justify="left" if name == "model" else "right")
+    for row in stats.itertuples(index=False):
+        table.add_row(
+            row.model,
+            str(row.problems),
+            str(row.samples),
+            str(row.empty),
+            str(row.tokens),
+            "-" if pd.isna(row.tokens_per_s) else f"{row.tokens_per_s:.1f}",
+            f"{row.generate_s:.1f}",
+            f"{row.verify_s:.1f}",
+            "-" if pd.isna(row.verify_share) else f"{100 * row.verify_share:.1f}%",
         )
     return table

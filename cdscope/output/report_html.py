@@ -42,10 +42,11 @@ def _verdict(verdict: Any) -> str:
         return ""
     where = "this report's --fail-above" if verdict.source == "report" else "the run's --fail-above"
     if verdict.failed:
-        body = (f"FAIL: mean B_shared(C) above {verdict.threshold:g}% ({where}): "
+        body = (f"FAIL: mean {verdict.label} above {verdict.threshold:g}% ({where}): "
                 f"{', '.join(verdict.failed)}")  # fmt: skip
         return html.element("div", html.text(body), class_="verdict fail")
-    body = f"PASS: every model's mean B_shared(C) is at most {verdict.threshold:g}% ({where})"
+    body = (f"PASS: every model's mean {verdict.label} is at most {verdict.threshold:g}% "
+            f"({where})")  # fmt: skip
     return html.element("div", html.text(body), class_="verdict pass")
 
 

@@ -1,6 +1,5 @@
 """GRPO post-training with the CD-RFT regulariser (SPEC §5).
 
-* ``config``     -- TrainConfig (SPEC §5 reference defaults) and presets
 * ``grpo``       -- group advantages, completion log-probs, clipped loss + k3 KL
 * ``cdrft``      -- probe measurement, regulariser gradient step, projection loop
 * ``step``       -- ``CDRFTStep``: the CD-RFT part of one optimizer step (carried
@@ -12,5 +11,6 @@
 * ``loop``       -- the hf training loop and its per-step Parquet log
   (the TRL backend is ``cdscope.integrations.trl``)
 
+The run's settings, TrainConfig, live with every command's in ``cdscope.settings.training``.
 See docs/train.md.
 """

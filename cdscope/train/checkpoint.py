@@ -36,7 +36,7 @@ from torch import nn
 
 from cdscope.errors import CdscopeError
 from cdscope.io import WriteFailed, atomic_dir, atomic_write_bytes
-from cdscope.train.config import TrainConfig
+from cdscope.settings.training import TrainConfig
 
 LATEST = "latest"
 

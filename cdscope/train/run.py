@@ -24,9 +24,9 @@ import pandas as pd
 from torch import nn
 
 from cdscope.core.batch import ProbeBatch
+from cdscope.settings.training import TrainConfig
 from cdscope.tasks.format import Task
 from cdscope.tasks.verifiers import verify_many
-from cdscope.train.config import TrainConfig
 
 #: the per-step log of a run, ``OUT/log.parquet`` (both backends)
 LOG_NAME = "log.parquet"

@@ -50,6 +50,7 @@ from cdscope.core.gates import GatedModel
 from cdscope.core.grad_sink import require_reached
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
+from cdscope.settings.training import TrainConfig
 from cdscope.train.cdrft import (
     ProbeMeasure,
     ProjectionResult,
@@ -58,7 +59,6 @@ from cdscope.train.cdrft import (
     measure,
     project,
 )
-from cdscope.train.config import TrainConfig
 from cdscope.train.engine import shards_of
 
 Status = Callable[[str], None]

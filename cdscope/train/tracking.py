@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cdscope.errors import CdscopeError, missing_extra
-from cdscope.train.config import REPORT_TO, TrainConfig
+from cdscope.settings.training import REPORT_TO, TrainConfig
 
 #: the prefix Hugging Face's Trainer integrations give training metrics
 PREFIX = "train/"

@@ -11,7 +11,7 @@ from cdscope.cli import app
 from cdscope.cli import train as train_cli
 from cdscope.commands import train as train_workflow
 from cdscope.errors import CdscopeError
-from cdscope.train.config import PRESETS, TrainConfig, cli_fields
+from cdscope.settings.training import PRESETS, TrainConfig, cli_fields
 
 
 def test_every_setting_is_an_option_with_the_dataclass_default_and_help() -> None:

@@ -21,7 +21,7 @@ from cdscope.core.gates import GatedModel
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.core.regularizer import fidelity, regularizer_grad
 from cdscope.errors import CdscopeError
-from cdscope.train.config import TrainConfig
+from cdscope.settings.training import TrainConfig
 from cdscope.train.engine import checkpoint_blocks
 from cdscope.train.step import CDRFTStep
 from tests.helpers import (

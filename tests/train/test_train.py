@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cdscope.analysis.spectral import b_shared
 from cdscope.cli import app
 from cdscope.commands.audit import AUDITS
-from cdscope.commands.audit_run import run_audit
+from cdscope.commands.audit_run import ProbeRequest, run_audit
 from cdscope.commands.train import run_train
 from cdscope.core.control import control_autograd
 from cdscope.core.gates import GatedModel
@@ -24,10 +24,10 @@ from cdscope.core.regularizer import regularizer_grad
 from cdscope.errors import CdscopeError
 from cdscope.io import read_parquet
 from cdscope.output.frames import ModelOptions, ProbeSettings
+from cdscope.settings.training import TrainConfig
 from cdscope.train import checkpoint as ckpt
 from cdscope.train import loop
 from cdscope.train.cdrft import add_regularizer_grad, build_probe, measure, project
-from cdscope.train.config import TrainConfig
 from cdscope.train.loop import step_task_indices
 from tests.helpers import (
     byte_tokenizer,
@@ -150,11 +150,12 @@ def test_cdrft_at_head_granularity_regularises_head_level_b_shared(files, tmp_pa
 def test_final_model_loads_in_bshared(files, tmp_path: Path) -> None:
     result, _ = run(config(files, tmp_path / "run", steps=2, regularizer="none"))
     assert (result.final_dir / "config.json").is_file()
-    audit = run_audit(
-        AUDITS["bshared"], tmp_path / "bshared.parquet", [str(result.final_dir)], None,
-        ProbeSettings((0,), 2, "plain", "autograd", None), [files["pool"]],
-        ModelOptions("cpu", "float32", "auto"), False, None,
+    request = ProbeRequest(
+        tmp_path / "bshared.parquet", [str(result.final_dir)],
+        ProbeSettings((0,), 2, "plain", "autograd", None), probe_paths=[files["pool"]],
+        options=ModelOptions("cpu", "float32", "auto"),
     )  # fmt: skip
+    audit = run_audit(AUDITS["bshared"], request)
     frame = audit.per_seed
     value = float(frame.loc[frame["measure"] == "B_shared_C", "value"].iloc[0])
     assert 1 / 3 <= value <= 1

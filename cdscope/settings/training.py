@@ -4,7 +4,8 @@ Reference hyperparameters (SPEC §5, 7B recipe): AdamW lr 2e-6 with a cosine sch
 G = 4 samples per prompt, 8 prompts per step, 512 new tokens, temperature 0.6, seed 0,
 KL coefficient beta = 0; CD-RFT lambda = 1, tau = 70 (%), K_max = 12,
 eta_proj = 4e-3, n = 3 probe samples per family; the gradient estimator and its gate
-step come from ``cdscope.settings`` (``DEFAULT_ESTIMATOR``, ``DEFAULT_EPS``).
+step come from ``cdscope.settings.names`` (``DEFAULT_ESTIMATOR``, ``DEFAULT_EPS``), as
+does what ``--dtype auto`` means for training (``TRAIN_AUTO_DTYPE``).
 
 Choices the SPEC leaves open (documented in docs/train.md): 200 steps, no warmup, no
 weight decay, the clipped-surrogate epsilon 0.2, gradient-norm clipping off, the probe
@@ -23,25 +24,25 @@ from typing import Any
 
 from cdscope.errors import CdscopeError
 from cdscope.resources import EMBEDDED_NAME
-from cdscope.settings import (
+from cdscope.settings.names import (
     COUNT_MAX,
     DEFAULT_EPS,
     DEFAULT_ESTIMATOR,
+    DTYPE_CHOICES_HELP,
     GATE_GRANULARITIES,
     GRADIENT_ESTIMATORS,
     SEED_MAX,
+    SUBLAYER,
+    TEMPLATE_HELP,
+    TRAIN_AUTO_DTYPE_HELP,
+    option_fields,
+    setting,
 )
 
 REGULARIZERS = ("none", "cdrft")
 BACKENDS = ("hf", "trl")
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")  # train/tracking.py
 SHARDINGS = ("none", "fsdp")  # train/engine.py
-
-
-def setting(default: Any, flag: str, help: str) -> Any:  # noqa: A002
-    """A field that is also a ``cdscope train`` option: its default and help live here
-    only (the CLI reads them from ``dataclasses.fields``; see ``cli_fields``)."""
-    return field(default=default, metadata={"flag": flag, "help": help})
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,13 @@ class TrainConfig:
         f"Regulariser gradient: {' | '.join(GRADIENT_ESTIMATORS)}.",
     )
     granularity: str = setting(
-        "sublayer",
+        SUBLAYER,
         "--granularity",
         f"Gates whose C the regulariser shapes: {' | '.join(GATE_GRANULARITIES)}.",
     )
     probe_n: int = setting(3, "--probe-n", "Probe samples per family.")
     probe_files: tuple[str, ...] = ()
-    template: str = setting("plain", "--template", "Prompt template: plain | chat.")
+    template: str = setting("plain", "--template", TEMPLATE_HELP)
     seed: int = setting(0, "--seed", "Seed of data order, rollouts and probe.")
     save_every: int = setting(50, "--save-every", "Checkpoint every N steps.")
     tasks: tuple[str, ...] = ()
@@ -103,12 +104,7 @@ class TrainConfig:
     verify_timeout: float = 5.0
     verify_workers: int = 2
     device: str = setting("auto", "--device", "auto | cpu | cuda[:N] | mps.")
-    dtype: str = setting(
-        "auto",
-        "--dtype",
-        "auto (float32 on every device: bf16 loses AdamW updates and the regulariser's "
-        "gate steps) | float32 | bfloat16 | float64.",
-    )
+    dtype: str = setting("auto", "--dtype", f"{TRAIN_AUTO_DTYPE_HELP} | {DTYPE_CHOICES_HELP}.")
     attn: str = "auto"
     backend: str = setting("hf", "--backend", "hf (built-in loop) | trl (GRPOTrainer).")
     sharding: str = setting(
@@ -245,7 +241,7 @@ class TrainConfig:
 
 def cli_fields() -> list[dataclasses.Field]:
     """The fields that are ``cdscope train`` options (made with ``setting``), in order."""
-    return [f for f in dataclasses.fields(TrainConfig) if "flag" in f.metadata]
+    return option_fields(TrainConfig)
 
 
 #: Named presets. ``cpu-smoke``: the embedded 135M model on a shared 2-core CPU

@@ -290,13 +290,15 @@ def random_reference(
     value: float | None = None,
 ) -> RandomReferenceResult:
     """B_shared of ``trials`` i.i.d. Gaussian M x K matrices (SPEC §4): M = ``families``,
-    K = ``gates`` or 2 x layers of ``model``; ``value`` (a B_shared fraction) gets its
-    percentile. ``.stats`` holds mean, std, p95, p99; ``.frame`` the samples."""
+    K = ``gates`` or the gate count of ``model`` (``random_ref.gate_count``, as measured);
+    ``value`` (a B_shared fraction) gets its percentile. ``.stats`` holds mean, std, p95,
+    p99; ``.frame`` the samples."""
+    from cdscope.commands.random_ref import gate_count
     from cdscope.core.models.loading import LoadedModel
 
     spec = None
     if isinstance(model, LoadedModel):
-        gates = gates if gates is not None else 2 * model.num_layers
+        gates = gates if gates is not None else gate_count(model.model)
         spec = model.name
     elif model is not None:
         spec = str(model)

@@ -12,6 +12,9 @@ others forever) and offers the three collectives the data-parallel audit needs:
 - ``from_main(value)``: rank 0's value on every rank (rank 0 alone reads ``--resume``
   state, so the output folder need only exist where rank 0 runs).
 
+The training step's rank decisions use the joined group directly (``joined_world_size``,
+``int_from_rank_zero``, ``tensors_from_rank_zero``: tensor broadcasts, no pickling).
+
 Only rank 0 writes files and talks; the other ranks end their command with
 ``WorkerDone`` once their share is gathered (the CLI turns it into a silent exit 0).
 """
@@ -145,6 +148,38 @@ def from_main(value: T, launch: Launch) -> T:
     box = [value if launch.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]  # type: ignore[return-value]
+
+
+def joined_world_size() -> int:
+    """The world size of the process group this process has joined (1 when none: a
+    launcher's env alone is not a group; ``launch_env`` reads the env)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def int_from_rank_zero(value: int) -> int:
+    """Rank 0's ``value`` on every rank of the joined group (one tensor broadcast, on the
+    GPU under nccl; called by every rank), without pickling: the training step's way."""
+    import torch
+    import torch.distributed as dist
+
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
+    box = torch.tensor([value], dtype=torch.long, device=device)
+    dist.broadcast(box, src=0)
+    return int(box.item())
+
+
+def tensors_from_rank_zero(tensors: list) -> None:
+    """Overwrite ``tensors`` (same shapes on every rank) with rank 0's values, in place;
+    nothing outside a group of more than one process."""
+    import torch.distributed as dist
+
+    if joined_world_size() > 1:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
 
 
 def exit_on_own_terms() -> None:

@@ -117,6 +117,18 @@ def test_random_reference_takes_k_from_a_model(in_memory, tmp_path) -> None:
     assert (tmp_path / "r.png").stat().st_size > 0
 
 
+def test_random_reference_counts_the_gates_a_measurement_has() -> None:
+    """K of a model is its discovered gate count, not 2 x layers: falcon_h1's blocks have
+    three writes (mixer, attention and MLP in parallel), so 2 layers give K = 6, as
+    ``measure`` counts them (before issue #30 the API said 2 x layers = 4)."""
+    from cdscope.core.models.coverage import tiny_model as tiny_of_type
+
+    loaded = cdscope.load_model(tiny_of_type("falcon_h1"), byte_tokenizer(), name="hybrid")
+    ref = cdscope.random_reference(3, model=loaded, trials=100)
+    frame = cdscope.measure(loaded, n=1, progress=False)
+    assert ref.stats["K"] == frame["gate"].nunique() == 6 != 2 * loaded.num_layers
+
+
 def test_plot_writes_the_cli_figure(in_memory, pool_file, tmp_path) -> None:
     result = cdscope.acg(in_memory, probe=pool_file, n=2, progress=False)
     assert set(result.summary["measure"]) == {

@@ -42,10 +42,6 @@ from numpy.typing import ArrayLike
 
 __all__ = ["gram_measures", "psd_part", "unbiased_gram"]
 
-#: names of the measures gram_measures returns (suffix "_unbiased" in audit outputs)
-GRAM_MEASURES = ("B_shared", "R", "B_dir", "B_norm", "negative_mass")
-
-
 def unbiased_gram(samples: Sequence[ArrayLike]) -> np.ndarray:
     """U-statistic Gram of the expected rows from per-sample contributions (module doc).
 

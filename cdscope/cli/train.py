@@ -34,9 +34,9 @@ Int = int | None
 Float = float | None
 
 
-@app.command()
+@app.command("train")
 @user_errors
-def train(
+def train_command(
     model: Annotated[Str, _opt("model")] = None,
     revision: Annotated[Str, _opt("revision")] = None,
     trust_remote_code: Annotated[bool | None, _opt("trust_remote_code")] = None,

@@ -44,7 +44,7 @@ from cdscope.settings import EvalSettings
 from cdscope.tasks.contamination import audit, benchmark_of, items_from_tasks, reference_sets
 from cdscope.tasks.sandbox import require_sandbox_for
 
-SAMPLE_COLUMNS = [
+COMPLETION_COLUMNS = [
     "model",
     "benchmark",
     "domain",
@@ -349,7 +349,7 @@ def _evaluate(
             del loaded, generate
 
     samples = (
-        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SAMPLE_COLUMNS)
+        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COMPLETION_COLUMNS)
     )
     outputs.write_parquet(samples, samples_path, metadata)
     outputs.remove_on_commit(partial_path(samples_path))

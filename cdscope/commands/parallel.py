@@ -14,7 +14,7 @@ Rank 0 takes the output's lock before reading the ``--resume`` state, and a refu
 (another writer, a mismatch) reaches every rank as one line.
 
 The numbers are those of a single-process run: each pair is measured by exactly the
-code of ``collect_control`` (``workflow.measure``, ``workflow.result_frame``), on a fresh draw from its
+code of ``collect_control`` (``workflow.measure_seed``, ``workflow.result_frame``), on a fresh draw from its
 seed, and rank 0 writes the rows in the single-process order. The metadata adds
 ``world_size``.
 
@@ -39,7 +39,7 @@ from cdscope.commands.audit_inputs import pair_problems
 from cdscope.commands.workflow import (
     dropped_warning,
     gated,
-    measure,
+    measure_seed,
     model_record,
     probe_metadata,
     record_drawn,
@@ -82,7 +82,7 @@ class _RankWorker:
         spec, seed = pair
         try:
             self._switch(spec)
-            result = measure(self._loaded, self._gm, self.pool, seed, self.settings)
+            result = measure_seed(self._loaded, self._gm, self.pool, seed, self.settings)
             self.record = model_record(self._loaded, result.gate_set)
         except CdscopeError as exc:
             return {"error": f"rank {rank}: {exc}"}

@@ -22,7 +22,7 @@ from cdscope.commands.workflow import (
     distinct_models,
     dropped_warning,
     gated,
-    measure,
+    measure_seed,
     model_record,
     probe_metadata,
     record_drawn,
@@ -130,7 +130,7 @@ def _collect(
             with gated(loaded, settings) as gm:
                 for seed in todo:
                     progress.update(task, description=f"{spec} seed {seed}")
-                    result = measure(loaded, gm, pool, seed, settings)
+                    result = measure_seed(loaded, gm, pool, seed, settings)
                     record = model_record(loaded, result.gate_set)
                     metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
                         record

@@ -17,7 +17,7 @@ from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_refere
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import check_plot_path, check_writable, run_metadata
-from cdscope.settings.names import SUBLAYER
+from cdscope.settings.names import EDGE, SUBLAYER
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
 ROUNDING = 0.0005  # half the 0.1 % step of the tables: how far a typed --value may undercut 1/M
@@ -119,7 +119,7 @@ def run_random_reference(
     T samples written to ``out`` (statistics in its metadata), the histogram to ``plot``.
     ``value`` is a fraction in [1/M, 1] as in ``random_reference_result``."""
     if gates is not None and model is not None:  # -K would be silently ignored
-        raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
+        raise CdscopeError("give --gates K or --model (K = its gates), not both")
     if granularity is not None and model is None:
         raise CdscopeError("--granularity takes K from --model: give --model too")
     target = check_writable(out)
@@ -149,17 +149,26 @@ def draw_random_reference(path: Path | None, result: RandomReferenceResult, ax: 
     return fig
 
 
-def model_gate_count(spec: str, granularity: str = SUBLAYER) -> int:
-    """K of ``spec`` at ``granularity``: at sublayer, the number of residual writes its
-    proven architecture description has (the model is loaded: K is discovered from its
-    forward, not read from a table); finer, the gates of ``GatedModel``'s gate set."""
+def gate_count(model: object, granularity: str = SUBLAYER) -> int:
+    """K of ``model`` (an ``nn.Module``) at ``granularity``, as every measurement counts it:
+    at sublayer, the residual writes of its proven architecture description (discovered
+    from its forward, not ``2 x layers``: hybrids and MoE blocks differ); finer, the gates of
+    ``GatedModel``'s gate set; at edge, the edges of its EAP graph."""
     from cdscope.core.eap_graph import edge_graph
     from cdscope.core.gates import GatedModel
-    from cdscope.core.models.loading import load_model
-    from cdscope.output.frames import ProbeSettings  # the model stack loads only when asked for
+    from cdscope.settings import ProbeSettings
 
     ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity
-    model = load_model(spec, device="cpu").model
-    if granularity == "edge":
+    if granularity == EDGE:
         return edge_graph(model).E
     return GatedModel(model, granularity=granularity).gate_set.K
+
+
+def model_gate_count(spec: str, granularity: str = SUBLAYER) -> int:
+    """``gate_count`` of the model ``spec`` names, loaded on the CPU (the model stack loads
+    only when asked for)."""
+    from cdscope.core.models.loading import load_model
+    from cdscope.settings import ProbeSettings
+
+    ProbeSettings((0,), granularity=granularity)  # refused before the load
+    return gate_count(load_model(spec, device="cpu").model, granularity)

@@ -35,7 +35,7 @@ from cdscope.lock import OutputLock
 from cdscope.messages import make_console, warn
 from cdscope.settings.training import TrainConfig
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
-from cdscope.train.loop import train
+from cdscope.train.loop import train_hf
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult
 from cdscope.train.tracking import require_tracker
 
@@ -199,7 +199,7 @@ def _run(
 
             extra = cfg.extra.get("trl", {})
             return train_with_trl(inputs, resume=resume, console=console, **extra)
-        return train(inputs, resume=resume, console=console, stop_after=stop_after)
+        return train_hf(inputs, resume=resume, console=console, stop_after=stop_after)
 
 
 #: what a resumed run must share with the run it continues, beside the settings the

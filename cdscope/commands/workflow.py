@@ -55,7 +55,7 @@ def gated(loaded: LoadedModel, settings: ProbeSettings) -> AbstractContextManage
     return GatedModel(loaded.model, granularity=settings.granularity)
 
 
-def measure(
+def measure_seed(
     loaded: LoadedModel,
     gm: GatedModel | None,
     pool: ProbePool,

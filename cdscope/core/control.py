@@ -122,9 +122,6 @@ class ControlResult:
     def C_kept(self) -> np.ndarray:  # noqa: N802
         return self.C[self.kept]
 
-    def F_kept(self) -> np.ndarray:  # noqa: N802
-        return self.F[self.kept]
-
 
 @contextmanager
 def frozen_parameters(model: nn.Module) -> Iterator[None]:

@@ -36,7 +36,7 @@ def _mass_curves(frame: pd.DataFrame, model: str) -> dict[str, np.ndarray]:
 @styled
 def edge_concentration_figure(frame: pd.DataFrame, table: pd.DataFrame) -> Figure:
     """The figure of an edge-granularity probe ``frame`` and its per-(model, seed, family)
-    ``table`` of E and PR (``cdscope.commands.edge_control.concentration``)."""
+    ``table`` of E and PR (``cdscope.commands.edge_probe.concentration``)."""
     models = list(dict.fromkeys(table["model"]))
     fig, axes = new_axes(len(models), 2, (11, 3.8 * len(models)))
     for (mass_ax, pr_ax), model in zip(axes, models, strict=True):

@@ -6,7 +6,7 @@ builds them), validated once in ``__post_init__``; and the names they share.
                     templates, what ``--dtype auto`` means; ``setting`` (a field that is
                     an option)
 * ``model``      -- ModelSettings: the model-options group of every model-loading command
-* ``measure``    -- ProbeSettings (probe and the audits), AuditSettings, NsweepSettings,
+* ``measuring``  -- ProbeSettings (probe and the audits), AuditSettings, NsweepSettings,
                     GradcheckSettings, EapSettings
 * ``evaluation`` -- EvalSettings (and the --k / --max-new-tokens parsers)
 * ``training``   -- TrainConfig (SPEC §5 reference recipe) and its presets
@@ -24,7 +24,7 @@ from cdscope.settings.evaluation import (
     parse_ks,
     parse_max_new_tokens,
 )
-from cdscope.settings.measure import (
+from cdscope.settings.measuring import (
     NS_SWEPT,
     AuditSettings,
     EapSettings,

@@ -79,7 +79,7 @@ def build_probe(
     return batch.to(torch.device(device))
 
 
-def measure(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ProbeMeasure:
+def measure_probe(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ProbeMeasure:
     """B_shared(C) and R(C) at the current parameters (SPEC §2-3)."""
     result = control_autograd(gm, batch, batch_size)
     C = result.C_kept()  # noqa: N806
@@ -139,7 +139,7 @@ def project(
     rank 0's, ``engine.Shards.from_rank_zero``), so all ranks run the same iterations.
     """
     began = time.perf_counter()
-    current = start or measure(gm, batch, batch_size)
+    current = start or measure_probe(gm, batch, batch_size)
     before = current
     iterations = 0
     while agreed(current.b_shared) * 100.0 > tau and iterations < k_max:
@@ -150,7 +150,7 @@ def project(
             for p, g in zip(params, result.grads, strict=True):
                 p.sub_(g.to(p.dtype), alpha=eta_proj)
         iterations += 1
-        current = measure(gm, batch, batch_size)
+        current = measure_probe(gm, batch, batch_size)
     return ProjectionResult(iterations, before, current, time.perf_counter() - began)
 
 

@@ -23,7 +23,6 @@ tokens (the same positions ``generate`` used), and log-softmax in fp32.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -102,9 +101,6 @@ class BackboneStats:
     kl: float  # mean k3 KL over completion tokens (0 when beta = 0)
     tokens: int
     seconds: float = 0.0
-
-
-LogprobFn = Callable[..., torch.Tensor]
 
 
 def backbone_backward(

@@ -94,7 +94,7 @@ def cosine_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def train(
+def train_hf(
     inputs: TrainInputs,
     resume: bool = False,
     console: Console | None = None,

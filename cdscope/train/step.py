@@ -42,13 +42,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from cdscope.core.batch import ProbeBatch, rows_per_forward
 from cdscope.core.gates import GatedModel
 from cdscope.core.grad_sink import require_reached
 from cdscope.core.models.placement import execution_device
+from cdscope.distributed import int_from_rank_zero, joined_world_size, tensors_from_rank_zero
 from cdscope.errors import CdscopeError
 from cdscope.settings.training import TrainConfig
 from cdscope.train.cdrft import (
@@ -56,7 +56,7 @@ from cdscope.train.cdrft import (
     ProjectionResult,
     add_regularizer_grad,
     finite_params,
-    measure,
+    measure_probe,
     project,
 )
 from cdscope.train.engine import shards_of
@@ -113,7 +113,7 @@ class CDRFTStep:
         before = self.carried
         if before is None:
             status("probe")
-            before = measure(self.gm, self.probe, self.rows)
+            before = measure_probe(self.gm, self.probe, self.rows)
         measure_s = time.perf_counter() - began
         reg_R, regularizer_s = math.nan, 0.0  # noqa: N806
         if self.regularised and cfg.lam > 0:
@@ -125,7 +125,7 @@ class CDRFTStep:
             ).R  # fmt: skip
             if not shards.sharded:  # DDP: the backbone part is already the all-reduced
                 # mean, so rank 0's sum is everyone's (FSDP: each rank owns its shards)
-                _same_on_every_rank([p.grad for p in self.params if p.grad is not None])
+                tensors_from_rank_zero([p.grad for p in self.params if p.grad is not None])
             regularizer_s = time.perf_counter() - began
         self._require_gradients()
         if not shards.all(finite_params(self.params)):
@@ -144,7 +144,7 @@ class CDRFTStep:
         and carry the closing measurement over to the next step."""
         cfg, shards = self.cfg, shards_of(self.params)
         began = time.perf_counter()
-        after = measure(self.gm, self.probe, self.rows)
+        after = measure_probe(self.gm, self.probe, self.rows)
         self.fields["measure_s"] += time.perf_counter() - began
         if self.regularised:
             status("projection")
@@ -154,8 +154,8 @@ class CDRFTStep:
             )  # fmt: skip
         else:
             proj = ProjectionResult(0, after, after, 0.0)
-        if not shards.sharded and _world_size() > 1 and _from_rank_zero(proj.iterations):
-            _same_on_every_rank([p.data for p in self.params])  # rank 0's projected weights
+        if not shards.sharded and joined_world_size() > 1 and int_from_rank_zero(proj.iterations):
+            tensors_from_rank_zero([p.data for p in self.params])  # rank 0's projected weights
         if not shards.all(finite_params(self.params)):
             raise self.diverged(step, "a parameter after the update")
         self.carried = proj.after
@@ -194,30 +194,3 @@ PROBE_COLUMNS = (
     "r_regularizer", "proj_iters",
 )  # fmt: skip
 TIMING_COLUMNS = ("measure_s", "regularizer_s", "projection_s")
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _from_rank_zero(value: int) -> int:
-    """Rank 0's ``value`` on every rank (one collective, called by every rank)."""
-    import torch.distributed as dist
-
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    )
-    box = torch.tensor([value], dtype=torch.long, device=device)
-    dist.broadcast(box, src=0)
-    return int(box.item())
-
-
-def _same_on_every_rank(tensors: list[torch.Tensor]) -> None:
-    """Overwrite ``tensors`` (same shapes on every rank) with rank 0's values, in place."""
-    import torch.distributed as dist
-
-    if _world_size() > 1:
-        for tensor in tensors:
-            dist.broadcast(tensor, src=0)

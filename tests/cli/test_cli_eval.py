@@ -32,7 +32,7 @@ def test_eval_on_a_tiny_model_writes_samples_and_passk(tiny_model_dir, tmp_path)
     result = invoke(*args)
     assert result.exit_code == 0, result.output
     samples, meta = read_parquet(out / "samples.parquet")
-    assert list(samples.columns) == ev.SAMPLE_COLUMNS
+    assert list(samples.columns) == ev.COMPLETION_COLUMNS
     assert len(samples) == 5 * 3 and set(samples["sample"]) == {0, 1, 2}
     assert set(samples["benchmark"]) == {"math/add", "math/mul"}
     assert (samples["generated_tokens"] <= 6).all() and (samples["generated_tokens"] >= 1).all()

@@ -15,7 +15,7 @@ from cdscope.settings.training import PRESETS, TrainConfig, cli_fields
 
 
 def test_every_setting_is_an_option_with_the_dataclass_default_and_help() -> None:
-    command = train_cli.train.__wrapped__
+    command = train_cli.train_command.__wrapped__
     parameters = inspect.signature(command).parameters
     hints = typing.get_type_hints(command, include_extras=True)
     for field in cli_fields():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cdscope.analysis.spectral import b_shared, cumulative_mass
-from cdscope.commands.edge_control import edges_for_mass
+from cdscope.commands.edge_probe import edges_for_mass
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd
 from cdscope.core.eap_graph import EdgeGraph, edge_count, edge_graph
@@ -217,7 +217,7 @@ def test_cumulative_mass_and_edge_counts_against_a_loop() -> None:
 
 def test_edge_probe_writes_parquet_and_figure(tmp_path) -> None:
     import cdscope
-    from cdscope.commands.edge_control import concentration, edge_probe
+    from cdscope.commands.edge_probe import concentration, edge_probe
     from cdscope.core.edge_control import EDGE_COLUMNS
     from cdscope.io import read_parquet
     from cdscope.output.frames import ProbeSettings

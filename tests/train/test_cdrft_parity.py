@@ -152,7 +152,7 @@ def one_step(tmp_path: Path, backend: str, monkeypatch, **changes):
     inputs = prepare(cfg, None, model, byte_tokenizer(), parity_reward)
     if backend == "hf":
         monkeypatch.setattr(loop, "sample", hf_sample)
-        result = loop.train(inputs)
+        result = loop.train_hf(inputs)
     else:
         result = train_with_trl(inputs, rollout_func=trl_rollout, optim="adamw_torch")
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, result.log

@@ -27,7 +27,7 @@ from cdscope.output.frames import ModelOptions, ProbeSettings
 from cdscope.settings.training import TrainConfig
 from cdscope.train import checkpoint as ckpt
 from cdscope.train import loop
-from cdscope.train.cdrft import add_regularizer_grad, build_probe, measure, project
+from cdscope.train.cdrft import add_regularizer_grad, build_probe, measure_probe, project
 from cdscope.train.loop import step_task_indices
 from tests.helpers import (
     byte_tokenizer,
@@ -75,7 +75,7 @@ def test_regularizer_step_adds_lambda_grad_and_projection_lowers_r(files) -> Non
         add_regularizer_grad(gm, batch, params, 0.5, "exact", 0.01)
         for p, g in zip(params, reference.grads, strict=True):
             torch.testing.assert_close(p.grad, 1.0 + 0.5 * g)
-        start = measure(gm, batch)
+        start = measure_probe(gm, batch)
         # the measurement is the library's B_shared of control_autograd's C
         assert start.b_shared == pytest.approx(
             float(b_shared(control_autograd(gm, batch).C_kept()))

@@ -11,7 +11,7 @@ workflow (``collect_control``: resume, atomic rewrite after each seed) this call
 
 and drawn by ``cdscope.output.plots_edges.plot_edge_concentration``. Python use::
 
-    from cdscope.commands.edge_control import edge_probe
+    from cdscope.commands.edge_probe import edge_probe
     frame, metadata = edge_probe(["embedded"], pool, ProbeSettings(seeds=(0, 1)),
                                  out=Path("edges.parquet"), plot=Path("edges.png"))
 """

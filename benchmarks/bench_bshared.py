@@ -29,10 +29,12 @@ def main() -> None:
     from rich.console import Console
 
     from cdscope.commands.audit import AUDITS, sibling
-    from cdscope.commands.audit_run import ProbeRequest, run_audit
-    from cdscope.commands.probe import ModelOptions, ProbeSettings, collect_control
+    from cdscope.commands.audit_run import run_audit
+    from cdscope.commands.probe import collect_control
+    from cdscope.commands.requests import ProbeRequest, ProbeRun
     from cdscope.core.models import load_model
     from cdscope.core.probes import load_pool
+    from cdscope.settings import ProbeSettings
 
     quiet = Console(file=open("/dev/null", "w"), stderr=False)  # noqa: SIM115
     load_model()  # cache ready; the timed runs below load it again, as users do
@@ -40,9 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "b.parquet"
         start = time.perf_counter()
-        collect_control(
-            ["smollm2-135m"], pool, settings, Path(tmp) / "p.parquet", ModelOptions(), console=quiet
-        )
+        collect_control(ProbeRun(["smollm2-135m"], pool, settings, Path(tmp) / "p.parquet"), quiet)
         t_probe = time.perf_counter() - start
         start = time.perf_counter()
         run_audit(AUDITS["bshared"], ProbeRequest(out, ["smollm2-135m"], settings), quiet)

@@ -196,6 +196,7 @@ def measure(
     schema of ``cdscope probe``'s Parquet; its metadata is in ``frame.attrs["cdscope"]``.
     ``granularity``: sublayer | head | expert | neuron (docs/granularity.md)."""
     from cdscope.commands.probe import collect_control
+    from cdscope.commands.requests import ProbeRun
 
     given = list(model) if isinstance(model, list | tuple) else [model]
     models = [load_model(m) for m in given]
@@ -207,9 +208,7 @@ def measure(
         tuple(int(s) for s in seeds), n, template, estimator, batch_size, granularity=granularity
     )
     console = make_console(quiet=not progress)
-    frame, metadata = collect_control(
-        models, load_pool(probe), settings, None, ModelOptions(), False, console, "probe"
-    )
+    frame, metadata = collect_control(ProbeRun(models, load_pool(probe), settings), console)
     frame.attrs["cdscope"] = metadata
     return frame
 

@@ -221,6 +221,7 @@ def test_resume_refuses_a_file_without_model_identity(tiny_model_dir, pool_file,
 
 def test_seed_metadata_is_compact(tiny_model_dir, pool_file, tmp_path) -> None:
     from cdscope.commands.probe import collect_control
+    from cdscope.commands.requests import ProbeRun
     from cdscope.core.probes import load_pool
     from cdscope.output.frames import ProbeSettings, describe_seeds
 
@@ -232,8 +233,9 @@ def test_seed_metadata_is_compact(tiny_model_dir, pool_file, tmp_path) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        collect_control([str(tiny_model_dir)], load_pool([pool_file]),
-                        ProbeSettings(tuple(range(100_000)), 1), out, on_result=stop)  # fmt: skip
+        run = ProbeRun([str(tiny_model_dir)], load_pool([pool_file]),
+                       ProbeSettings(tuple(range(100_000)), 1), out)  # fmt: skip
+        collect_control(run, on_result=stop)
     assert not out.exists()  # an interrupted run leaves its progress beside OUT, not in it
     meta = cio.read_parquet(partial_path(out))[1]
     assert meta["seeds"] == "0..99999" and len(json.dumps(meta)) < 4000

@@ -160,8 +160,8 @@ def test_two_probe_runs_writing_the_same_output_at_once(tiny_model_dir, pool_fil
     command = [sys.executable, "-m", "cdscope.cli", "probe", "-m", str(tiny_model_dir), "-p",
                str(pool_file), "--n", "1", "-o", str(out)]  # fmt: skip
     slow = (  # the real CLI in a real process, each seed slowed down so the runs overlap
-        "import sys, time; import cdscope.commands.probe as p; m = p.measure; "
-        "p.measure = lambda *a, **k: (time.sleep(0.3), m(*a, **k))[1]; "
+        "import sys, time; import cdscope.commands.probe as p; m = p.measure_seed; "
+        "p.measure_seed = lambda *a, **k: (time.sleep(0.3), m(*a, **k))[1]; "
         "sys.argv = sys.argv[1:]; from cdscope.cli import main; main()"
     )
     first = subprocess.Popen([sys.executable, "-c", slow, *command[2:], "--seeds", "40"],
@@ -221,7 +221,7 @@ def test_a_rerun_killed_after_its_first_seed_leaves_the_complete_output(
     out = tmp_path / "b.parquet"
     assert invoke(*args, "--n", 1, "-o", out).exit_code == 0
     before = snapshot(tmp_path)
-    real, calls = probe_cmd.measure, []
+    real, calls = probe_cmd.measure_seed, []
 
     def interrupted(*a, **k):
         calls.append(1)
@@ -229,7 +229,7 @@ def test_a_rerun_killed_after_its_first_seed_leaves_the_complete_output(
             raise KeyboardInterrupt  # Ctrl-C (or kill) during the second seed
         return real(*a, **k)
 
-    monkeypatch.setattr(probe_cmd, "measure", interrupted)
+    monkeypatch.setattr(probe_cmd, "measure_seed", interrupted)
     assert invoke(*args, "--n", 2, "-o", out).exit_code == 130  # another run: n = 2
     monkeypatch.undo()
     after = snapshot(tmp_path)

@@ -15,6 +15,7 @@ from cdscope.cli import (  # noqa: F401 - registers the commands
     measure,
     models,
     nsweep,
+    random_ref,
     report,
     train,
 )

@@ -1,4 +1,4 @@
-"""bshared, acg, decompose (one audit engine) and random-ref (SPEC §3-4)."""
+"""bshared, acg, decompose: one audit engine, one registered factory (SPEC §3-4)."""
 
 from __future__ import annotations
 
@@ -26,18 +26,15 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.cli.options import annotated, with_settings
-from cdscope.cli.params import SEED_MAX
 from cdscope.messages import wrote
 from cdscope.settings import AuditSettings, ModelSettings, ProbeSettings
-
-MAX_FAMILIES, MAX_GATES, MAX_TRIALS = 1_000, 100_000, 10_000_000  # random-ref bounds
 
 
 def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 - ProbeRequest
     """The probe request of bshared / acg / decompose from their option values: unset
     probe options take ``ProbeSettings``' defaults, and with ``--from`` every option about
     measuring (seeds, probe, batch size, resume, the model options) is refused."""
-    from cdscope.commands.audit_run import ProbeRequest
+    from cdscope.commands.requests import ProbeRequest
     from cdscope.io import check_writable
     from cdscope.output.frames import ModelOptions
 
@@ -219,59 +216,3 @@ _register_audit_command(
     Paired deltas of PR (a K-dependent count) are refused between models with different K.
     """,
 )
-
-
-@app.command("random-ref")
-@user_errors
-def random_ref(
-    families: Annotated[
-        int,
-        typer.Option("--families", "-M", max=MAX_FAMILIES, help="Number of families M (rows)."),
-    ] = 3,
-    gates: Annotated[
-        int | None,
-        typer.Option(
-            "--gates",
-            "-K",
-            max=MAX_GATES,
-            help="Number of gates K (columns); default: K of --model.",
-        ),
-    ] = None,
-    trials: Annotated[
-        int,
-        typer.Option("--trials", "-T", max=MAX_TRIALS, help="Number of random matrices T."),
-    ] = 50_000,
-    seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="RNG seed.")] = 0,
-    value: Annotated[
-        float | None,
-        typer.Option("--value", help="A measured B_shared in percent: report its percentile."),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", "-m", help="Take K from this model (its gates at --granularity)."),
-    ] = None,
-    granularity: annotated(ProbeSettings, "granularity", unset=True) = None,
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="Parquet of the T samples (stats in metadata).")
-    ] = Path("results/random_ref.parquet"),
-    plot: PlotOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Distribution of B_shared for M x K matrices with i.i.d. Gaussian rows (SPEC §4).
-
-    The 1/M lower bound is not what a random matrix gives: compare a measured value
-    with this reference (mean, std, p95, p99, and the value's percentile).
-    """
-    from cdscope.commands.random_ref import run_random_reference
-    from cdscope.output.render import random_ref_table
-
-    result, target = run_random_reference(
-        out, plot, families, gates, trials, seed, None if value is None else value / 100, model,
-        granularity,
-    )  # fmt: skip
-    stats = result.stats
-    if as_json:
-        print_json("random-ref", {}, **stats, outputs={"samples": str(target)})
-    else:
-        out_console.print(random_ref_table(stats))
-    wrote(err_console, f"{target}" + (f" and {plot}" if plot else ""))

@@ -2,6 +2,11 @@
 
 Exit codes: 0 success, 1 a failed audit threshold (``--fail-above``), 2 bad input (one
 line on stderr saying what was wrong and how to fix it).
+
+A command function's parameters are its options (Typer reads them from its signature), so
+a command has as many parameters as options and its signature as many lines: the
+8-parameter bound does not apply to it, and its body, not its signature, is kept short.
+Options that are settings come from ``cdscope.settings`` through ``cdscope.cli.options``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,23 @@ from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
 from cdscope.settings import EapSettings, ModelSettings
 
+BaselineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--baseline",
+        help="Base model to compare with: same architecture and layer count; only samples both "
+        "answer correctly are used.",
+    ),
+]
+EapOutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out", "-o", help="Per-sample Parquet; the mean edge matrix goes to OUT.edges.parquet."
+    ),
+]
 
+
+# A command's parameters are its options (Typer reads them from the signature).
 @app.command("eap-info")
 @user_errors
 @with_settings(ModelSettings, "model_settings")
@@ -30,25 +46,12 @@ def eap_info(
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
     ] = EMBEDDED_NAME,
-    baseline: Annotated[
-        str | None,
-        typer.Option(
-            "--baseline",
-            help="Base model to compare with: same architecture and layer count; only samples both answer correctly are used.",
-        ),
-    ] = None,
+    baseline: BaselineOpt = None,
     family: annotated(EapSettings, "family") = EapSettings.family,
     n: annotated(EapSettings, "n") = EapSettings.n,
     seed: annotated(EapSettings, "seed") = EapSettings.seed,
     probe: ProbeOpt = None,
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Per-sample Parquet; the mean edge matrix goes to OUT.edges.parquet.",
-        ),
-    ] = Path("results/eap.parquet"),
+    out: EapOutOpt = Path("results/eap.parquet"),
     plot: PlotOpt = None,
     use_targets: annotated(EapSettings, "use_targets") = EapSettings.use_targets,
     max_tokens: annotated(EapSettings, "max_tokens") = EapSettings.max_tokens,

@@ -25,75 +25,85 @@ from cdscope.cli.options import annotated, with_settings
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
-from cdscope.settings import DEFAULT_MAX_NEW_TOKENS, EvalSettings, ModelSettings
+from cdscope.settings import DEFAULT_MAX_NEW_TOKENS, EvalSettings, ModelSettings, parse_ks
 
-if TYPE_CHECKING:  # pandas loads with the workflow, not for --help
+if TYPE_CHECKING:  # pandas and the workflow load with the run, not for --help
     import pandas as pd
 
+    from cdscope.commands.evaluate import EvalResult
+    from cdscope.commands.requests import EvalRequest
+    from cdscope.fileset import FileSet
 
+EvalModelOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help=f"Model: hub id, local directory, .gguf, or '{EMBEDDED_NAME}' (default). Repeat to "
+        "compare models. With --audit and no --model, only the audit runs.",
+    ),
+]
+TasksOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--tasks",
+        help="Task file(s): JSONL, Parquet or a datasets save_to_disk folder, in cdscope's "
+        "format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped eval sets).",
+    ),
+]
+KOpt = Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")]
+MaxNewTokensOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-new-tokens",
+        help="N for every domain, or DOMAIN=N,... [default: "
+        + ", ".join(f"{d}={n}" for d, n in DEFAULT_MAX_NEW_TOKENS.items())
+        + "].",
+    ),
+]
+HardOpt = Annotated[
+    Path | None, typer.Option("--hard", help="File of task ids (one per line): hard subset.")
+]
+OutDirOpt = Annotated[Path, typer.Option("--out", "-o", help="Output folder.")]
+AuditOpt = Annotated[
+    bool, typer.Option("--audit", help="Audit the eval sets against train + probe sets.")
+]
+AuditTrainOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--audit-train", help="Training task JSONL(s) to audit against (default: shipped)."),
+]
+AuditProbeOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--audit-probe", help="Probe pool JSONL(s) to audit against (default: shipped)."),
+]
+
+
+# A command's parameters are its options (Typer reads them from the signature): the
+# signature is the option list, the body below it stays short.
 @app.command("eval")
 @user_errors
 @with_settings(ModelSettings, "model_settings")
 def eval_command(
-    model: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help=f"Model: hub id, local directory, .gguf, or '{EMBEDDED_NAME}' (default). Repeat to "
-            "compare models. With --audit and no --model, only the audit runs.",
-        ),
-    ] = None,
-    tasks: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--tasks",
-            help="Task file(s): JSONL, Parquet or a datasets save_to_disk folder, in cdscope's "
-            "format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped eval sets).",
-        ),
-    ] = None,
+    model: EvalModelOpt = None,
+    tasks: TasksOpt = None,
     task_columns: TaskColumnsOpt = None,
     n: annotated(EvalSettings, "n") = EvalSettings.n,
-    k: Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")] = ",".join(
-        map(str, EvalSettings.ks)
-    ),
+    k: KOpt = ",".join(map(str, EvalSettings.ks)),
     temperature: annotated(EvalSettings, "temperature") = EvalSettings.temperature,
     top_p: annotated(EvalSettings, "top_p") = EvalSettings.top_p,
-    max_new_tokens: Annotated[
-        str | None,
-        typer.Option(
-            "--max-new-tokens",
-            help="N for every domain, or DOMAIN=N,... [default: "
-            + ", ".join(f"{d}={n}" for d, n in DEFAULT_MAX_NEW_TOKENS.items())
-            + "].",
-        ),
-    ] = None,
+    max_new_tokens: MaxNewTokensOpt = None,
     seed: annotated(EvalSettings, "seed") = EvalSettings.seed,
     limit: annotated(EvalSettings, "limit") = None,
     batch_size: annotated(EvalSettings, "batch_size") = None,
     backend: annotated(EvalSettings, "backend") = EvalSettings.backend,
-    hard: Annotated[
-        Path | None, typer.Option("--hard", help="File of task ids (one per line): hard subset.")
-    ] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("results/eval"),
+    hard: HardOpt = None,
+    out: OutDirOpt = Path("results/eval"),
     resume: ResumeOpt = False,
     recompute: RecomputeOpt = False,
     plot: PlotOpt = None,
-    audit: Annotated[
-        bool, typer.Option("--audit", help="Audit the eval sets against train + probe sets.")
-    ] = False,
-    audit_train: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--audit-train", help="Training task JSONL(s) to audit against (default: shipped)."
-        ),
-    ] = None,
-    audit_probe: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--audit-probe", help="Probe pool JSONL(s) to audit against (default: shipped)."
-        ),
-    ] = None,
+    audit: AuditOpt = False,
+    audit_train: AuditTrainOpt = None,
+    audit_probe: AuditProbeOpt = None,
     timeout: annotated(EvalSettings, "timeout") = EvalSettings.timeout,
     workers: annotated(EvalSettings, "workers") = EvalSettings.workers,
     as_json: JsonOpt = False,
@@ -105,89 +115,107 @@ def eval_command(
     overall (mean of domains), plus the --hard subset. Writes OUT/samples.parquet (one
     row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
     """
-    from cdscope.commands.evaluate import check_backend, eval_outputs, evaluate, read_hard_ids
-    from cdscope.io import check_plot_path, check_writable
+    from cdscope.commands.evaluate import contamination_audit, eval_outputs, read_hard_ids
+    from cdscope.commands.requests import EvalRequest
     from cdscope.output.frames import ModelOptions
-    from cdscope.settings import parse_ks, parse_max_new_tokens
     from cdscope.tasks import default_task_paths, load_tasks
 
     options = ModelOptions.from_settings(model_settings)
     resume_with = resume_arg(resume, recompute)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
     loaded_tasks = load_tasks(task_paths, columns=task_columns)
-    token_caps = parse_max_new_tokens(max_new_tokens)
-    unknown = sorted(set(token_caps) - {"*"} - {t.family for t in loaded_tasks})
+    settings = EvalSettings(
+        n, tuple(parse_ks(k)), temperature, top_p, seed, _token_caps(max_new_tokens, loaded_tasks),
+        limit, batch_size, backend, timeout, workers,
+    )  # fmt: skip
+    run_models = bool(model) or not audit
+    request = EvalRequest(
+        models_or_embedded(model), loaded_tasks, settings, out, options, resume_with,
+        read_hard_ids(hard, loaded_tasks) if hard else None,
+    )  # fmt: skip
+    if run_models:
+        _check_run(request, plot)
+    with eval_outputs(out, run_models, audit, plot) as files:  # locked now, committed together
+        contamination = (
+            contamination_audit(loaded_tasks, task_paths, audit_train, audit_probe, out, files)
+            if audit
+            else None
+        )
+        result = _run_models(request, plot, files) if run_models else None
+    _show(request, result, contamination, plot, as_json)
+
+
+def _token_caps(text: str | None, tasks: list) -> dict[str, int]:
+    """``--max-new-tokens`` parsed; a domain no loaded task has is refused by name."""
+    from cdscope.settings import parse_max_new_tokens
+
+    caps = parse_max_new_tokens(text)
+    domains = {t.family for t in tasks}
+    unknown = sorted(set(caps) - {"*"} - domains)
     if unknown:
         raise CdscopeError(
             f"--max-new-tokens names domain(s) {', '.join(unknown)} that no loaded task has "
-            f"(domains: {', '.join(sorted({t.family for t in loaded_tasks}))})"
+            f"(domains: {', '.join(sorted(domains))})"
         )
-    settings = EvalSettings(
-        n=n,
-        ks=tuple(parse_ks(k)),
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        max_new_tokens=token_caps,
-        limit=limit,
-        batch_size=batch_size,
-        backend=backend,
-        timeout=timeout,
-        workers=workers,
-    )
-    run_models = bool(model) or not audit
-    if run_models:
-        from cdscope.analysis.passk import check_ks
+    return caps
 
-        check_ks(settings.ks, n)
-        check_backend(backend)
-        check_writable(out / "samples.parquet")
-        if plot is not None:
-            check_plot_path(plot)
-    hard_ids = read_hard_ids(hard, loaded_tasks) if hard else None
-    tables: dict[str, pd.DataFrame] = {}  # --json: one object with every table shown
+
+def _check_run(request: EvalRequest, plot: Path | None) -> None:
+    """What sampling needs, checked before anything is locked or loaded."""
+    from cdscope.analysis.passk import check_ks
+    from cdscope.commands.evaluate import check_backend
+    from cdscope.io import check_plot_path, check_writable
+
+    check_ks(request.settings.ks, request.settings.n)
+    check_backend(request.settings.backend)
+    check_writable(request.out_dir / "samples.parquet")
+    if plot is not None:
+        check_plot_path(plot)
+
+
+def _run_models(request: EvalRequest, plot: Path | None, files: FileSet) -> EvalResult:
+    """Sample, verify and score every model into the output set ``files`` (and the figure)."""
+    from cdscope.commands.evaluate import evaluate
+
+    result = evaluate(request, err_console, files)
+    if plot is not None:
+        from cdscope.output.plots import plot_passk
+
+        plot_passk(files.path(plot), result.passk, list(dict.fromkeys(request.model_specs)))
+    return result
+
+
+def _show(
+    request: EvalRequest,
+    result: EvalResult | None,
+    contamination: tuple[pd.DataFrame, Path] | None,
+    plot: Path | None,
+    as_json: bool,
+) -> None:
+    """The tables (or one --json object with all of them) and the files written."""
+    tables: dict[str, pd.DataFrame] = {}
     outputs: dict[str, str] = {}
-    with eval_outputs(out, run_models, audit, plot) as files:  # locked now, committed together
-        if audit:
-            from cdscope.commands.evaluate import contamination_audit
-
-            frame, target = contamination_audit(
-                loaded_tasks, task_paths, audit_train, audit_probe, out, files
-            )
-            tables["contamination"], outputs["contamination"] = frame, str(target)
-        if run_models:
-            result = evaluate(
-                models_or_embedded(model), loaded_tasks, settings, out, options, resume_with,
-                hard_ids, err_console, files,
-            )  # fmt: skip
-            if plot is not None:
-                from cdscope.output.plots import plot_passk
-
-                plot_passk(
-                    files.path(plot), result.passk, list(dict.fromkeys(models_or_embedded(model)))
-                )
-    if audit:
+    if contamination is not None:
         from cdscope.output.render import contamination_table
 
+        tables["contamination"], outputs["contamination"] = contamination[0], str(contamination[1])
         if not as_json:
-            out_console.print(contamination_table(tables["contamination"]))
+            out_console.print(contamination_table(contamination[0]))
         wrote(err_console, outputs["contamination"])
-    if not run_models:
+    if result is None:
         if as_json:
             print_json("eval", tables, outputs=outputs)
         return
+    samples, passk = request.out_dir / "samples.parquet", request.out_dir / "passk.parquet"
     if as_json:
         tables |= {"passk": result.passk, "stats": result.stats}
-        outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
+        outputs |= {"samples": str(samples), "passk": str(passk)}
         print_json("eval", tables, outputs=outputs)
     else:
         from cdscope.output.render_runs import passk_table, stats_table
 
-        out_console.print(passk_table(result.passk, list(dict.fromkeys(models_or_embedded(model)))))
+        out_console.print(passk_table(result.passk, list(dict.fromkeys(request.model_specs))))
         out_console.print(stats_table(result.stats))
     if plot is not None:
         wrote(err_console, str(plot))
-    wrote(
-        err_console,
-        f"{out / 'samples.parquet'} ({len(result.samples)} samples) and {out / 'passk.parquet'}",
-    )
+    wrote(err_console, f"{samples} ({len(result.samples)} samples) and {passk}")

@@ -59,6 +59,7 @@ def probe(
     dropped; run metadata is in the Parquet key-value metadata.
     """
     from cdscope.commands.probe import collect_control
+    from cdscope.commands.requests import ProbeRun
     from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
     from cdscope.output.frames import ModelOptions
@@ -70,15 +71,10 @@ def probe(
     options = ModelOptions.from_settings(model_settings)
     target = check_writable(out)
     pool = load_pool(probe)
-    frame, _ = collect_control(
-        models_or_embedded(model),
-        pool,
-        settings,
-        target,
-        options,
-        resume_arg(resume, recompute),
-        err_console,
+    run = ProbeRun(
+        models_or_embedded(model), pool, settings, target, options, resume_arg(resume, recompute)
     )
+    frame, _ = collect_control(run, err_console)
     if as_json:
         print_json("probe", {"per_seed": _seed_records(frame)}, outputs={"probe": str(target)})
     else:

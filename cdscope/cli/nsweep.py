@@ -27,7 +27,13 @@ from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
 from cdscope.settings import ModelSettings, NsweepSettings, ProbeSettings
 
+OutOpt = Annotated[
+    Path,
+    typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
+]
 
+
+# A command's parameters are its options (Typer reads them from the signature).
 @app.command()
 @user_errors
 @with_settings(ModelSettings, "model_settings")
@@ -39,10 +45,7 @@ def nsweep(
     ] = ",".join(map(str, NsweepSettings.ns)),
     probe: ProbeOpt = None,
     template: annotated(ProbeSettings, "template") = ProbeSettings.template,
-    out: Annotated[
-        Path,
-        typer.Option("--out", "-o", help="Per-seed Parquet; OUT.summary/.probe.parquet beside it."),
-    ] = Path("results/nsweep.parquet"),
+    out: OutOpt = Path("results/nsweep.parquet"),
     plot: PlotOpt = None,
     as_json: JsonOpt = False,
     from_path: FromOpt = None,
@@ -56,10 +59,9 @@ def nsweep(
     every smaller n from nested subsets of it (docs/nsweep.md); plain B_shared falls
     towards 1/M at small n, the corrected one (unbiased Gram, n >= 2) much less.
     """
-
     from cdscope.commands.audit import sibling
-    from cdscope.commands.audit_run import ProbeRequest
     from cdscope.commands.nsweep import run_nsweep
+    from cdscope.commands.requests import ProbeRequest
     from cdscope.io import check_plot_path, check_writable
     from cdscope.output.frames import ModelOptions
     from cdscope.output.render import nsweep_table
@@ -82,14 +84,12 @@ def nsweep(
         options=ModelOptions.from_settings(model_settings), resume=resume,
     )  # fmt: skip
     result = run_nsweep(request, sweep.ns, err_console, plot)
-    outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
-    if from_path is None:
-        outputs["probe"] = str(sibling(target, "probe"))
-    if plot is not None:
-        outputs["plot"] = str(plot)
+    outputs = {"per_seed": target, "summary": sibling(target, "summary")}
+    outputs |= {"probe": sibling(target, "probe")} if from_path is None else {}
+    outputs |= {"plot": plot} if plot is not None else {}
     if as_json:
         tables = {"summary": result.summary, "per_seed": result.per_seed}
-        print_json("nsweep", tables, ns=list(sweep.ns), outputs=outputs)
+        print_json("nsweep", tables, ns=list(sweep.ns), outputs={k: str(v) for k, v in outputs.items()})
     else:
         out_console.print(nsweep_table(result.summary))
     for name, path in outputs.items():

@@ -34,6 +34,7 @@ Int = int | None
 Float = float | None
 
 
+# A command's parameters are its options (Typer reads them from the signature).
 @app.command("train")
 @user_errors
 def train_command(

@@ -58,6 +58,7 @@ from cdscope.output.frames import (
 )
 from cdscope.output.notebook import audit_html, audit_repr
 from cdscope.output.render import measure_name
+from cdscope.settings import AuditSettings
 
 
 def bshared_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
@@ -345,32 +346,22 @@ def evaluate_audit(
     probe_frame: pd.DataFrame,
     probe_meta: dict,
     console: Console,
+    *,
     source: str = "measured",
     out: Path | None = None,
-    bootstrap: int = 1000,
-    detect: float = DETECT,
+    audit: AuditSettings = AuditSettings(),
     outputs: FileSet | None = None,
-    fail_above: float | None = None,
 ) -> AuditResult:
     """Per-seed measures, their summary, paired rows and the direction check from a probe
-    frame; written (per-seed to ``out``, summary and convergence beside it) when ``out``
-    is given, into ``outputs`` (a set of these three files alone when None)."""
+    frame (``audit``: the bootstrap resamples, the effect the seeds-needed column detects
+    and the CI gate's threshold, recorded in the metadata); written (per-seed to ``out``,
+    summary and convergence beside it) when ``out`` is given, into ``outputs`` (a set of
+    these three files alone when None)."""
     check_probe_frame(probe_frame)
     models = list(dict.fromkeys(probe_frame["model"]))
-    ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
-    skipped: list[str] = []
-
-    def skip(model: str, measure: str) -> bool:
-        differs = ks.get(model) != ks.get(models[0])
-        if differs and measure in spec.k_dependent:
-            skipped.append(
-                f"{measure} ({model} K={ks.get(model)} vs {models[0]} K={ks.get(models[0])})"
-            )
-            return True
-        return False
-
+    refused = _KRefusals(spec, models, probe_meta)
     notes: list[str] = []
-    per_seed = per_seed_frame(probe_frame, spec, console, bootstrap, notes)
+    per_seed = per_seed_frame(probe_frame, spec, console, audit.bootstrap, notes)
     if per_seed.empty:  # before anything is written: no half set of outputs
         raise CdscopeError(
             "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
@@ -379,13 +370,13 @@ def evaluate_audit(
     for note in notes:
         warn(console, note, "note:")
     summary = summarize(per_seed)
-    paired = paired_against_reference(per_seed, models, skip, detect)
+    paired = paired_against_reference(per_seed, models, refused.skip, audit.detect / 100)
     convergence = convergence_frame(probe_frame)
-    if skipped:
+    if refused.skipped:
         warn(
             console,
             "paired deltas refused for K-dependent measures of models with "
-            f"different gate counts: {'; '.join(sorted(set(skipped)))}",
+            f"different gate counts: {'; '.join(refused.skipped)}",
             "note:",
         )
     metadata = run_metadata(
@@ -393,28 +384,43 @@ def evaluate_audit(
         source=source,
         probe=probe_meta,
         reference_model=models[0] if models else None,
-        bootstrap=bootstrap,
-        detect=detect,
+        bootstrap=audit.bootstrap,
+        detect=audit.detect / 100,
         notes=notes,
-        **({"fail_above": fail_above} if fail_above is not None else {}),
+        **({"fail_above": audit.fail_above} if audit.fail_above is not None else {}),
     )
     if out is not None:
-        both = pd.concat(
-            [summary.assign(kind="mean"), paired.assign(kind="paired")], ignore_index=True
-        )
-        own = FileSet(out, sibling(out, "summary"), sibling(out, "convergence"))
-        with contextlib.nullcontext(outputs) if outputs else own as files:
-            files.write_parquet(per_seed, out, metadata)
-            files.write_parquet(both, sibling(out, "summary"), metadata)
-            files.write_parquet(convergence, sibling(out, "convergence"), metadata)
+        both = pd.concat([summary.assign(kind="mean"), paired.assign(kind="paired")])
+        tables = {out: per_seed, sibling(out, "summary"): both.reset_index(drop=True),
+                  sibling(out, "convergence"): convergence}  # fmt: skip
+        with contextlib.nullcontext(outputs) if outputs else FileSet(*tables) as files:
+            for path, table in tables.items():
+                files.write_parquet(table, path, metadata)
     return AuditResult(
-        spec.command,
-        per_seed,
-        summary,
-        paired,
-        metadata,
-        probe_frame,
-        sorted(set(skipped)),
-        convergence,
-        notes,
-    )
+        spec.command, per_seed, summary, paired, metadata, probe_frame, refused.skipped,
+        convergence, notes,
+    )  # fmt: skip
+
+
+class _KRefusals:
+    """Paired deltas of K-dependent measures (``AuditSpec.k_dependent``) between models
+    with different gate counts are refused; ``skipped`` says which, once each."""
+
+    def __init__(self, spec: AuditSpec, models: list[str], probe_meta: dict) -> None:
+        self.spec, self.models = spec, models
+        self.ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
+        self._skipped: list[str] = []
+
+    def skip(self, model: str, measure: str) -> bool:
+        reference = self.models[0]
+        differs = self.ks.get(model) != self.ks.get(reference)
+        if differs and measure in self.spec.k_dependent:
+            self._skipped.append(
+                f"{measure} ({model} K={self.ks.get(model)} vs {reference} K={self.ks.get(reference)})"
+            )
+            return True
+        return False
+
+    @property
+    def skipped(self) -> list[str]:
+        return sorted(set(self._skipped))

@@ -10,7 +10,6 @@ and a second writer of the same output is refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -18,33 +17,11 @@ from rich.console import Console
 
 from cdscope.commands.audit import AuditResult, AuditSpec, evaluate_audit, sibling
 from cdscope.commands.audit_inputs import read_probe_frame
+from cdscope.commands.requests import ProbeRequest, ProbeRun
 from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
-from cdscope.output.frames import ModelOptions
-from cdscope.settings import AuditSettings, ProbeSettings
-
-
-@dataclass(frozen=True)
-class ProbeRequest:
-    """Where the probe frame of an audit or an nsweep comes from: the ``model_specs``
-    measured with ``settings`` on the pools at ``probe_paths`` into ``OUT.probe.parquet``
-    (``resume``: False, True or 'recompute'), or the earlier probe file ``from_path``
-    (``explicit``: the settings the user gave, checked against that file's)."""
-
-    out: Path
-    model_specs: list[str] | None
-    settings: ProbeSettings
-    from_path: Path | None = None
-    probe_paths: list[Path] | None = None
-    options: ModelOptions = ModelOptions()
-    resume: bool | str = False
-    explicit: dict[str, object] | None = None
-
-    @property
-    def source(self) -> str:
-        """What the outputs' metadata records as the numbers' origin."""
-        return str(self.from_path) if self.from_path else "measured"
+from cdscope.settings import AuditSettings
 
 
 def obtain_probe_frame(
@@ -64,10 +41,11 @@ def obtain_probe_frame(
         )
     from cdscope.commands.probe import collect_control  # the model stack, only when measuring
 
-    return collect_control(
+    run = ProbeRun(
         request.model_specs or [], pool, request.settings, sibling(request.out, "probe"),
-        request.options, request.resume, console, command, outputs=outputs,
+        request.options, request.resume, command,
     )  # fmt: skip
+    return collect_control(run, console, outputs=outputs)
 
 
 def audit_outputs(out: Path, measured: bool, plot: Path | None = None) -> FileSet:
@@ -98,8 +76,8 @@ def run_audit(
     with audit_outputs(request.out, request.from_path is None, plot) as outputs:
         probe_frame, probe_meta = obtain_probe_frame(spec.command, request, console, outputs)
         result = evaluate_audit(
-            spec, probe_frame, probe_meta, console, request.source, request.out,
-            audit.bootstrap, audit.detect / 100, outputs, fail_above=audit.fail_above,
+            spec, probe_frame, probe_meta, console, source=request.source, out=request.out,
+            audit=audit, outputs=outputs,
         )  # fmt: skip
         if plot is not None:
             draw_audit(outputs.path(plot), result)

@@ -301,22 +301,13 @@ def run_eap_info(
         common = [it.id for it in items if all(it.id in a.items for a in answers)]
         if not common:
             raise _no_samples_error(settings.family, list(zip(specs, answers, strict=True)))
-        batch_size = rows_per_forward(settings.batch_size, loaded[0].device)
-        frames, edges = [], []
-        for spec, lm, ans in zip(specs, loaded, answers, strict=True):
-            task = progress.add_task(f"edge scores ({spec})", total=None)
-            scored = [ans.items[i] for i in common]
-            pad_id = getattr(lm.tokenizer, "pad_token_id", None) or 0
-            batch = encode_probe(scored, lm.tokenizer, pad_id=pad_id).to(lm.device)
-            result = edge_scores(lm.model, batch, batch_size)
-            frames.append(
-                sample_frame(
-                    spec, settings.family, ans.source, common, result, batch.lengths.tolist()
-                )
-            )
-            edges.append(edge_frame(spec, result))
-            progress.remove_task(task)
-    per_sample = pd.concat(frames, ignore_index=True)
+        scored = [
+            _score(spec, lm, ans, common, settings, progress)
+            for spec, lm, ans in zip(specs, loaded, answers, strict=True)
+        ]
+    per_sample = pd.concat([frame for frame, _, _ in scored], ignore_index=True)
+    edges = [edge for _, edge, _ in scored]
+    result = scored[-1][2]
     summary, paired = summarise(per_sample, specs, settings.bootstrap, settings.seed)
     metadata = run_metadata(
         "eap-info",
@@ -340,6 +331,24 @@ def run_eap_info(
     return EapResult(
         per_sample, pd.concat(edges, ignore_index=True), summary, paired, metadata, result.graph
     )
+
+
+def _score(
+    spec: str, lm: LoadedModel, ans: object, common: list[str], settings: EapSettings,
+    progress: Progress,
+) -> tuple[pd.DataFrame, pd.DataFrame, object]:  # fmt: skip
+    """Edge scores of ``lm`` on its verified answers to the ``common`` items: the
+    per-sample frame, the edge frame and the scores (``cdscope.core.eap.edge_scores``)."""
+    task = progress.add_task(f"edge scores ({spec})", total=None)
+    scored = [ans.items[i] for i in common]
+    pad_id = getattr(lm.tokenizer, "pad_token_id", None) or 0
+    batch = encode_probe(scored, lm.tokenizer, pad_id=pad_id).to(lm.device)
+    batch_size = rows_per_forward(settings.batch_size, lm.device)
+    result = edge_scores(lm.model, batch, batch_size)
+    lengths = batch.lengths.tolist()
+    frame = sample_frame(spec, settings.family, ans.source, common, result, lengths)
+    progress.remove_task(task)
+    return frame, edge_frame(spec, result), result
 
 
 def eap_outputs(out: Path, plot: Path | None = None) -> FileSet:

@@ -28,10 +28,12 @@ from rich.console import Console
 
 from cdscope.analysis.spectral import cumulative_mass, participation_ratio
 from cdscope.commands.probe import collect_control
+from cdscope.commands.requests import ProbeRun
 from cdscope.core.models import LoadedModel
 from cdscope.core.probes import ProbePool
 from cdscope.output.frames import ModelOptions, ProbeSettings, control_matrices
 from cdscope.output.plots_edges import plot_edge_concentration
+from cdscope.settings.names import EDGE
 
 MASS_LEVELS = (0.5, 0.9)
 
@@ -75,15 +77,9 @@ def edge_probe(
 ) -> tuple[pd.DataFrame, dict]:
     """Edge-level C for every (model, seed); write ``out`` after each seed and ``plot``
     (the PR / cumulative-mass figure) at the end. Returns (frame, metadata)."""
-    frame, metadata = collect_control(
-        model_specs,
-        pool,
-        replace(settings, granularity="edge"),
-        out,
-        options,
-        console=console,
-        command="edge-control",
-    )
+    edges = replace(settings, granularity=EDGE)
+    run = ProbeRun(model_specs, pool, edges, out, options, command="edge-control")
+    frame, metadata = collect_control(run, console)
     if plot is not None:
         plot_edge_concentration(plot, frame, concentration(frame))
     return frame, metadata

@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import importlib.util
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +32,13 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.analysis.passk import check_ks, summarize
+from cdscope.commands.requests import EvalRequest
 from cdscope.commands.workflow import distinct_models, load_record, model_record
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet, partial_path
 from cdscope.io import check_writable, content_hash, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.output.frames import ModelOptions
 from cdscope.output.resume import resume_state
 from cdscope.settings import EvalSettings
 from cdscope.tasks.contamination import audit, benchmark_of, items_from_tasks, reference_sets
@@ -220,145 +220,35 @@ def _score(tasks: list, texts: list[str], settings: EvalSettings) -> list[tuple[
 
 
 def evaluate(
-    model_specs: Sequence[str],
-    tasks: Sequence,
-    settings: EvalSettings,
-    out_dir: Path,
-    options: ModelOptions = ModelOptions(),
-    resume: bool | str = False,
-    hard_ids: Collection[str] | None = None,
-    console: Console | None = None,
-    outputs: FileSet | None = None,
+    request: EvalRequest, console: Console | None = None, outputs: FileSet | None = None
 ) -> EvalResult:
     """Generate, verify and summarise every (model, selected problem); see the module doc.
     The samples and pass@k are written as files of ``outputs`` (the run's output set; one
     of these two files alone when None)."""
     single_process_only("eval")
     console = console or make_console()
-    distinct_models(model_specs)
+    distinct_models(request.model_specs)
     with contextlib.ExitStack() as stack:
         if outputs is None:
-            outputs = stack.enter_context(eval_outputs(out_dir))
-        return _evaluate(
-            model_specs, tasks, settings, out_dir, options, resume, hard_ids, console, outputs
-        )
+            outputs = stack.enter_context(eval_outputs(request.out_dir))
+        return _evaluate(request, console, outputs)
 
 
-def _evaluate(
-    model_specs: Sequence[str],
-    tasks: Sequence,
-    settings: EvalSettings,
-    out_dir: Path,
-    options: ModelOptions,
-    resume: bool | str,
-    hard_ids: Collection[str] | None,
-    console: Console,
-    outputs: FileSet,
-) -> EvalResult:
+def _evaluate(request: EvalRequest, console: Console, outputs: FileSet) -> EvalResult:
     """``evaluate`` inside its output set."""
+    settings = request.settings
     ks = check_ks(settings.ks, settings.n)
     check_backend(settings.backend)
-    chosen = select(tasks, settings.limit)
+    chosen = select(request.tasks, settings.limit)
     require_sandbox_for([t for t, _ in chosen], "drop the code task files from --tasks")
-    samples_path, passk_path = out_dir / "samples.parquet", out_dir / "passk.parquet"
-    hashes = {t.id: task_hash(t) for t, _ in chosen}
-    metadata = run_metadata(
-        "eval",
-        settings=settings.comparable(),
-        load=load_record(options),
-        ks=ks,
-        limit=settings.limit,
-        task_ids_hash=hashlib.sha256("\n".join(t.id for t, _ in chosen).encode()).hexdigest()[:16],
-        task_hashes=hashes,
-        models=[],
-    )
+    sampler = _Sampler(request, chosen, ks, console)
     outputs.lock()  # before reading what another run may be writing
-    state = resume_state(
-        samples_path, metadata, model_specs, options, resume, console, "problem_id",
-        item_hashes=hashes,
-    )  # fmt: skip
-    frames = [] if state.frame is None else [state.frame]
-    metadata["models"], done = state.models, state.done
-    if state.frame is not None:  # problems kept from the file but not chosen now: their hashes
-        kept = state.metadata.get("task_hashes") or {}
-        metadata["task_hashes"] = {
-            **{i: kept[i] for i in dict.fromkeys(state.frame["problem_id"]) if i in kept},
-            **hashes,
-        }
-
-    stats = []
+    done = sampler.resume()
     start_all = time.perf_counter()
     with progress_bar(console) as progress:
-        bar = progress.add_task("eval", total=len(model_specs) * len(chosen))
-        for spec in model_specs:
-            todo = [(t, b) for t, b in chosen if (spec, t.id) not in done]
-            progress.advance(bar, len(chosen) - len(todo))
-            record = dict(model=spec, problems=len(todo), samples=0, tokens=0, empty=0)
-            record.update(generate_s=0.0, verify_s=0.0, wall_s=0.0)
-            if not todo:
-                stats.append(record)
-                continue
-            progress.update(bar, description=f"loading {spec}")
-            t_model = time.perf_counter()
-            loaded = options.load(spec, console)
-            metadata["models"] = [m for m in metadata["models"] if m["name"] != spec] + [
-                model_record(loaded)
-            ]
-            make = vllm_generator if settings.backend == "vllm" else hf_generator
-            generate = make(loaded, settings)
-            last_write = time.perf_counter()
-            for task, bench in todo:
-                t0 = time.perf_counter()
-                texts, counts = generate(
-                    task,
-                    task.prompt,
-                    settings.tokens_for(task.family),
-                    problem_seed(settings.seed, task.id),
-                )
-                t1 = time.perf_counter()
-                verdicts = _score([task] * len(texts), texts, settings)
-                record["generate_s"] += t1 - t0
-                record["verify_s"] += time.perf_counter() - t1
-                record["tokens"] += int(sum(counts))
-                record["samples"] += len(texts)
-                record["empty"] += sum(not t.strip() for t in texts)
-                frames.append(
-                    pd.DataFrame(
-                        dict(
-                            model=spec,
-                            benchmark=bench,
-                            domain=task.family,
-                            problem_id=task.id,
-                            sample=np.arange(len(texts)),
-                            completion=texts,
-                            passed=[v[0] for v in verdicts],
-                            message=[v[1] for v in verdicts],
-                            generated_tokens=np.asarray(counts, dtype=np.int64),
-                        )
-                    )
-                )
-                rate = record["tokens"] / max(record["generate_s"], 1e-9)
-                progress.update(bar, description=f"{spec} {rate:.0f} tok/s")
-                progress.advance(bar)
-                if time.perf_counter() - last_write > WRITE_EVERY_S:  # progress, for --resume
-                    progress_frame = pd.concat(frames, ignore_index=True)
-                    write_parquet(progress_frame, partial_path(samples_path), metadata)
-                    last_write = time.perf_counter()
-            record["wall_s"] = time.perf_counter() - t_model
-            stats.append(record)
-            del loaded, generate
-
-    samples = (
-        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COMPLETION_COLUMNS)
-    )
-    outputs.write_parquet(samples, samples_path, metadata)
-    outputs.remove_on_commit(partial_path(samples_path))
-    wanted = samples["model"].isin(list(model_specs)) & samples["problem_id"].isin(
-        [t.id for t, _ in chosen]
-    )
-    passk = summarize(samples[wanted], ks, hard_ids)
-    hard = {"hard_ids_hash": content_hash(sorted(hard_ids)) if hard_ids else None}
-    outputs.write_parquet(passk, passk_path, metadata | {"samples_file": str(samples_path)} | hard)
+        bar = progress.add_task("eval", total=len(request.model_specs) * len(chosen))
+        stats = [sampler.model(spec, done, progress, bar) for spec in request.model_specs]
+    samples, passk = sampler.write(outputs)
     stats_frame = pd.DataFrame(stats)
     stats_frame["tokens_per_s"] = stats_frame["tokens"] / stats_frame["generate_s"].where(
         stats_frame["generate_s"] > 0
@@ -366,5 +256,124 @@ def _evaluate(
     stats_frame["verify_share"] = stats_frame["verify_s"] / stats_frame["wall_s"].where(
         stats_frame["wall_s"] > 0
     )
-    metadata["wall_s"] = time.perf_counter() - start_all
-    return EvalResult(samples[wanted].reset_index(drop=True), passk, stats_frame, metadata)
+    sampler.metadata["wall_s"] = time.perf_counter() - start_all
+    return EvalResult(samples, passk, stats_frame, sampler.metadata)
+
+
+class _Sampler:
+    """One eval run's samples so far and its metadata: the models are sampled one after
+    the other, the progress file rewritten every ``WRITE_EVERY_S`` seconds."""
+
+    def __init__(
+        self, request: EvalRequest, chosen: list, ks: list[int], console: Console
+    ) -> None:
+        self.request, self.chosen, self.ks, self.console = request, chosen, ks, console
+        self.samples_path = request.out_dir / "samples.parquet"
+        self.hashes = {t.id: task_hash(t) for t, _ in chosen}
+        ids = "\n".join(t.id for t, _ in chosen).encode()
+        self.metadata = run_metadata(
+            "eval",
+            settings=request.settings.comparable(),
+            load=load_record(request.options),
+            ks=ks,
+            limit=request.settings.limit,
+            task_ids_hash=hashlib.sha256(ids).hexdigest()[:16],
+            task_hashes=self.hashes,
+            models=[],
+        )
+        self.frames: list[pd.DataFrame] = []
+
+    def resume(self) -> set[tuple]:
+        """The (model, problem) pairs kept from ``--resume`` (their rows kept too)."""
+        state = resume_state(
+            self.samples_path, self.metadata, self.request.model_specs, self.request.options,
+            self.request.resume, self.console, "problem_id", item_hashes=self.hashes,
+        )  # fmt: skip
+        self.metadata["models"] = state.models
+        if state.frame is not None:  # problems kept but not chosen now: their hashes too
+            self.frames.append(state.frame)
+            kept = state.metadata.get("task_hashes") or {}
+            self.metadata["task_hashes"] = {
+                **{i: kept[i] for i in dict.fromkeys(state.frame["problem_id"]) if i in kept},
+                **self.hashes,
+            }
+        return state.done
+
+    def model(self, spec: str, done: set[tuple], progress: object, bar: object) -> dict:
+        """Sample and verify ``spec``'s unfinished problems; its statistics record."""
+        todo = [(t, b) for t, b in self.chosen if (spec, t.id) not in done]
+        progress.advance(bar, len(self.chosen) - len(todo))
+        record = dict(model=spec, problems=len(todo), samples=0, tokens=0, empty=0)
+        record.update(generate_s=0.0, verify_s=0.0, wall_s=0.0)
+        if not todo:
+            return record
+        progress.update(bar, description=f"loading {spec}")
+        t_model = time.perf_counter()
+        loaded = self.request.options.load(spec, self.console)
+        models = [m for m in self.metadata["models"] if m["name"] != spec]
+        self.metadata["models"] = [*models, model_record(loaded)]
+        settings = self.request.settings
+        generate = (vllm_generator if settings.backend == "vllm" else hf_generator)(
+            loaded, settings
+        )
+        last_write = time.perf_counter()
+        for task, bench in todo:
+            self.problem(spec, task, bench, generate, record)
+            rate = record["tokens"] / max(record["generate_s"], 1e-9)
+            progress.update(bar, description=f"{spec} {rate:.0f} tok/s")
+            progress.advance(bar)
+            if time.perf_counter() - last_write > WRITE_EVERY_S:  # progress, for --resume
+                frame = pd.concat(self.frames, ignore_index=True)
+                write_parquet(frame, partial_path(self.samples_path), self.metadata)
+                last_write = time.perf_counter()
+        record["wall_s"] = time.perf_counter() - t_model
+        return record
+
+    def problem(self, spec: str, task: object, bench: str, generate: Callable, record: dict) -> None:
+        """``n`` completions of one problem, verified, as rows; ``record`` counts them."""
+        settings = self.request.settings
+        t0 = time.perf_counter()
+        texts, counts = generate(
+            task, task.prompt, settings.tokens_for(task.family), problem_seed(settings.seed, task.id)
+        )
+        t1 = time.perf_counter()
+        verdicts = _score([task] * len(texts), texts, settings)
+        record["generate_s"] += t1 - t0
+        record["verify_s"] += time.perf_counter() - t1
+        record["tokens"] += int(sum(counts))
+        record["samples"] += len(texts)
+        record["empty"] += sum(not t.strip() for t in texts)
+        self.frames.append(
+            pd.DataFrame(
+                dict(
+                    model=spec,
+                    benchmark=bench,
+                    domain=task.family,
+                    problem_id=task.id,
+                    sample=np.arange(len(texts)),
+                    completion=texts,
+                    passed=[v[0] for v in verdicts],
+                    message=[v[1] for v in verdicts],
+                    generated_tokens=np.asarray(counts, dtype=np.int64),
+                )
+            )
+        )
+
+    def write(self, outputs: FileSet) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Write samples and pass@k into ``outputs``; the chosen models' and problems'
+        samples and the pass@k table."""
+        frames = self.frames
+        samples = (
+            pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COMPLETION_COLUMNS)
+        )
+        outputs.write_parquet(samples, self.samples_path, self.metadata)
+        outputs.remove_on_commit(partial_path(self.samples_path))
+        wanted = samples["model"].isin(list(self.request.model_specs)) & samples[
+            "problem_id"
+        ].isin([t.id for t, _ in self.chosen])
+        hard_ids = self.request.hard_ids
+        passk = summarize(samples[wanted], self.ks, hard_ids)
+        hard = {"hard_ids_hash": content_hash(sorted(hard_ids)) if hard_ids else None}
+        files = self.metadata | {"samples_file": str(self.samples_path)} | hard
+        outputs.write_parquet(passk, self.request.out_dir / "passk.parquet", files)
+        return samples[wanted].reset_index(drop=True), passk

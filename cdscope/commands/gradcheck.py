@@ -9,14 +9,17 @@ default estimator; each compared with the exact gradient by cosine and relative 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from rich.progress import Progress
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.batch import encode_probe, rows_per_forward
 from cdscope.core.gates import GatedModel
+from cdscope.core.models import LoadedModel
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.core.regularizer import exact_grad, fidelity, regularizer_grad
@@ -60,14 +63,12 @@ def run_gradcheck(
     as it was until then)."""
     single_process_only("gradcheck")
     console = console or make_console()
-    seeds, n, template = settings.seeds, settings.n, settings.template
-    eps_list, batch_size = settings.eps, settings.batch_size
     loaded = options.load(model_spec, console)
     require_resident_weights(loaded.model, "gradcheck")
-    row_chunk = rows_per_forward(batch_size, loaded.device)
-    variants = [(name, e) for name in ("proxy", "folded") for e in eps_list]
+    row_chunk = rows_per_forward(settings.batch_size, loaded.device)
+    variants = [(name, e) for name in ("proxy", "folded") for e in settings.eps]
     if settings.richardson_sweep:
-        variants += [("richardson", e) for e in eps_list]
+        variants += [("richardson", e) for e in settings.eps]
     if (DEFAULT_ESTIMATOR, DEFAULT_EPS) not in variants:
         variants.append((DEFAULT_ESTIMATOR, DEFAULT_EPS))
     gated = GatedModel(loaded.model, granularity=settings.granularity)
@@ -76,57 +77,77 @@ def run_gradcheck(
         probe_hash=pool.hash,
         probe_files=list(pool.paths),
         families=pool.families,
-        seeds=describe_seeds(seeds),
-        drawn={str(s): drawn_ids(draw_probe(pool, s, n)) for s in seeds},
+        seeds=describe_seeds(settings.seeds),
+        drawn={str(s): drawn_ids(draw_probe(pool, s, settings.n)) for s in settings.seeds},
         settings={
-            "n": n,
-            "template": template,
+            "n": settings.n,
+            "template": settings.template,
             "batch_size": row_chunk,
             "granularity": settings.granularity,
         },
-        eps=list(eps_list),
+        eps=list(settings.eps),
         default={"estimator": DEFAULT_ESTIMATOR, "eps": DEFAULT_EPS},
         models=[model_record(loaded, gated.gate_set)],
     )
+    sweep = _Sweep(model_spec, loaded, pool, settings, variants, row_chunk)
     rows: list[dict] = []
     with FileSet(out) as outputs, gated as gm, progress_bar(console) as progress:
-        task = progress.add_task("gradcheck", total=len(seeds) * (1 + len(variants)))
-        for seed in seeds:
-            batch = encode_probe(
-                draw_probe(pool, seed, n),
-                loaded.tokenizer,
-                template,
-                pad_id=getattr(loaded.tokenizer, "pad_token_id", None) or 0,
-            )
-            batch.to(loaded.device)
-            progress.update(task, description=f"seed {seed}: exact")
-            try:
-                exact = exact_grad(gm, batch, batch_size=row_chunk)
-            except NonFinite as exc:
-                raise exc.at(f"at seed {seed} of model {model_spec!r}") from None
-            reference = exact.flat()  # flatten once per seed (~1 GB in float64 for 135M)
-            exact.grads.clear()  # the flat copy is all the sweep needs
-            progress.advance(task)
-            for estimator, eps in variants:
-                progress.update(task, description=f"seed {seed}: {estimator} eps={eps:g}")
-                approx = regularizer_grad(gm, batch, estimator, eps, batch_size=row_chunk)
-                rows.append(
-                    {
-                        "model": model_spec,
-                        "seed": seed,
-                        "estimator": estimator,
-                        "eps": eps,
-                        "is_default": (estimator, eps) == (DEFAULT_ESTIMATOR, DEFAULT_EPS),
-                        **fidelity(approx, reference),
-                        "seconds": approx.seconds,
-                        "exact_seconds": exact.seconds,
-                        "R": exact.R,
-                    }
-                )
-                del approx
-                progress.advance(task)
-            del exact, reference  # the next seed's exact gradient needs the room
+        task = progress.add_task("gradcheck", total=len(settings.seeds) * (1 + len(variants)))
+        for seed in settings.seeds:
+            rows += sweep.seed(gm, seed, progress, task)
             write_parquet(pd.DataFrame(rows, columns=COLUMNS), partial_path(out), metadata)
         outputs.write_parquet(pd.DataFrame(rows, columns=COLUMNS), out, metadata)
         outputs.remove_on_commit(partial_path(out))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """One model's sweep: per seed, the exact gradient and every (estimator, eps) variant
+    against it."""
+
+    model_spec: str
+    loaded: LoadedModel
+    pool: ProbePool
+    settings: GradcheckSettings
+    variants: list[tuple[str, float]]
+    row_chunk: int | None
+
+    def seed(self, gm: GatedModel, seed: int, progress: Progress, task: object) -> list[dict]:
+        """The rows of ``seed``: one per variant (cosine and relative error vs exact)."""
+        tokenizer = self.loaded.tokenizer
+        batch = encode_probe(
+            draw_probe(self.pool, seed, self.settings.n),
+            tokenizer,
+            self.settings.template,
+            pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
+        )
+        batch.to(self.loaded.device)
+        progress.update(task, description=f"seed {seed}: exact")
+        try:
+            exact = exact_grad(gm, batch, batch_size=self.row_chunk)
+        except NonFinite as exc:
+            raise exc.at(f"at seed {seed} of model {self.model_spec!r}") from None
+        reference = exact.flat()  # flatten once per seed (~1 GB in float64 for 135M)
+        exact.grads.clear()  # the flat copy is all the sweep needs
+        progress.advance(task)
+        rows = []
+        for estimator, eps in self.variants:
+            progress.update(task, description=f"seed {seed}: {estimator} eps={eps:g}")
+            approx = regularizer_grad(gm, batch, estimator, eps, batch_size=self.row_chunk)
+            rows.append(
+                {
+                    "model": self.model_spec,
+                    "seed": seed,
+                    "estimator": estimator,
+                    "eps": eps,
+                    "is_default": (estimator, eps) == (DEFAULT_ESTIMATOR, DEFAULT_EPS),
+                    **fidelity(approx, reference),
+                    "seconds": approx.seconds,
+                    "exact_seconds": exact.seconds,
+                    "R": exact.R,
+                }
+            )
+            del approx
+            progress.advance(task)
+        return rows  # exact and reference go with this frame: the next seed needs the room

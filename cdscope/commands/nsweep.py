@@ -36,7 +36,8 @@ from cdscope.analysis import spectral
 from cdscope.analysis.stats import mean_se
 from cdscope.analysis.uncertainty import FamilySamples, contributions, corrected_measures
 from cdscope.commands.audit import sibling
-from cdscope.commands.audit_run import ProbeRequest, obtain_probe_frame
+from cdscope.commands.audit_run import obtain_probe_frame
+from cdscope.commands.requests import ProbeRequest
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import run_metadata

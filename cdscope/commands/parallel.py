@@ -36,6 +36,7 @@ from rich.console import Console
 
 from cdscope import distributed
 from cdscope.commands.audit_inputs import pair_problems
+from cdscope.commands.requests import ProbeRun
 from cdscope.commands.workflow import (
     dropped_warning,
     gated,
@@ -129,89 +130,101 @@ def _resume_on_main(
     return state  # type: ignore[return-value]
 
 
+class _Gathered:
+    """Rank 0's view of the run: the rows kept from ``--resume`` and every pair finished
+    on any rank, in the single-process order."""
+
+    def __init__(self, state: ResumeState, work: list[tuple[str, int]], names: list[str]):
+        self.previous, self.records, self.work, self.names = state.frame, state.models, work, names
+        self.finished: dict[tuple[str, int], pd.DataFrame] = {}
+        self.new_records: dict[str, dict] = {}
+
+    def add(self, statuses: list, console: Console) -> bool:
+        """Take one round's statuses; whether any pair finished."""
+        measured = [s for s in statuses if s and "pair" in s]
+        for status in measured:
+            self.finished[status["pair"]] = status["frame"]
+            self.new_records.setdefault(status["pair"][0], status["record"])
+            if status["dropped"]:
+                dropped_warning(console, *status["pair"], status["dropped"])
+        return bool(measured)
+
+    def frame(self) -> pd.DataFrame:
+        parts = [] if self.previous is None else [self.previous]
+        parts += [self.finished[p] for p in self.work if p in self.finished]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=FRAME_COLUMNS)
+
+    def model_records(self) -> list[dict]:
+        fresh = [self.new_records[m] for m in self.names if m in self.new_records]
+        return [r for r in self.records if r["name"] not in self.new_records] + fresh
+
+
 def collect_control_parallel(
-    launch: distributed.Launch,
-    model_specs: Sequence[str],
-    pool: ProbePool,
-    settings: ProbeSettings,
-    out: Path,
-    options: ModelOptions,
-    resume: bool | str,
-    console: Console,
-    command: str,
-    outputs: FileSet,
+    launch: distributed.Launch, run: ProbeRun, console: Console, outputs: FileSet
 ) -> tuple[pd.DataFrame, dict]:
     """``collect_control`` across the launcher's ranks; rank 0 returns (frame, metadata)
     for the caller to write into ``outputs``.
 
     Ranks > 0 raise ``distributed.WorkerDone`` once their share is gathered.
     """
+    options = run.options
     if options.placement is None:  # each rank on its own GPU (a device map spans devices itself)
-        options = replace(options, device=distributed.rank_device(options.device))
-    with distributed.process_group(launch, "cuda" if options.device.startswith("cuda") else "cpu"):
-        metadata = probe_metadata(command, pool, settings, options, world_size=launch.world_size)
-        state = _resume_on_main(
-            out, metadata, resume, launch, model_specs, options, console, outputs
+        run = replace(run, options=replace(options, device=distributed.rank_device(options.device)))
+    device_type = "cuda" if run.options.device.startswith("cuda") else "cpu"
+    with distributed.process_group(launch, device_type):
+        metadata = probe_metadata(
+            run.command, run.pool, run.settings, run.options, world_size=launch.world_size
         )
-        previous, records, done = state.frame, state.models, state.done
-        work = [(m, s) for m in model_specs for s in settings.seeds if (m, s) not in done]
+        state = _resume_on_main(
+            run.out, metadata, run.resume, launch, run.names, run.options, console, outputs
+        )
+        work = [(m, s) for m in run.names for s in run.settings.seeds if (m, s) not in state.done]
         if 0 < len(work) < launch.world_size:
             raise CdscopeError(
                 f"launched with {launch.world_size} ranks but only {len(work)} (model, seed) pair(s) "
                 f"are left to measure; launch at most {len(work)} processes or add --seeds/--model"
             )
-        mine = distributed.share(work, launch)
-        rounds = math.ceil(len(work) / launch.world_size)
-        finished: dict[tuple[str, int], pd.DataFrame] = {}
-        new_records: dict[str, dict] = {}
-
-        def frame_now() -> pd.DataFrame:
-            parts = ([] if previous is None else [previous]) + [
-                finished[p] for p in work if p in finished
-            ]
-            return (
-                pd.concat(parts, ignore_index=True)
-                if parts
-                else pd.DataFrame(columns=FRAME_COLUMNS)
-            )
-
-        def records_now() -> list[dict]:
-            fresh = [new_records[m] for m in model_specs if m in new_records]
-            return [r for r in records if r["name"] not in new_records] + fresh
-
-        worker = _RankWorker(pool, settings, options, console)
-        try:
-            for r in range(rounds):
-                statuses = distributed.gather_status(
-                    worker.run(mine[r] if r < len(mine) else None, launch.rank), launch
-                )
-                errors = [s["error"] for s in statuses if s and "error" in s]
-                for status in statuses:
-                    if status and "pair" in status:
-                        finished[status["pair"]] = status["frame"]
-                        new_records.setdefault(status["pair"][0], status["record"])
-                        if status["dropped"]:
-                            dropped_warning(console, *status["pair"], status["dropped"])
-                metadata["models"] = records_now()
-                if launch.is_main and any(s and "pair" in s for s in statuses):
-                    frame = frame_now()
-                    record_drawn(metadata, pool, settings.n, frame["seed"])
-                    write_parquet(frame, partial_path(out), metadata)
-                    dim(
-                        console,
-                        f"round {r + 1}/{rounds}: {len(finished)}/{len(work)} (model, seed) "
-                        f"pair(s) measured on {launch.world_size} ranks",
-                    )
-                if errors:
-                    if launch.is_main:
-                        distributed.exit_on_own_terms()
-                    distributed.from_main(None, launch)  # the others leave after rank 0 wrote
-                    more = (
-                        f" (and {len(errors) - 1} more failing rank(s))" if len(errors) > 1 else ""
-                    )
-                    raise CdscopeError(errors[0] + more)
-        finally:
-            worker.close()
+        gathered = _Gathered(state, work, run.names)
+        _measure_rounds(launch, run, gathered, metadata, console)
         if not launch.is_main:
             raise distributed.WorkerDone
-        return frame_now(), metadata
+        return gathered.frame(), metadata
+
+
+def _measure_rounds(
+    launch: distributed.Launch,
+    run: ProbeRun,
+    gathered: _Gathered,
+    metadata: dict,
+    console: Console,
+) -> None:
+    """Round r: every rank measures its r-th pair, all statuses reach every rank, rank 0
+    rewrites the progress file; a failure anywhere ends every rank with one line."""
+    mine = distributed.share(gathered.work, launch)
+    rounds = math.ceil(len(gathered.work) / launch.world_size)
+    worker = _RankWorker(run.pool, run.settings, run.options, console)
+    try:
+        for r in range(rounds):
+            statuses = distributed.gather_status(
+                worker.run(mine[r] if r < len(mine) else None, launch.rank), launch
+            )
+            errors = [s["error"] for s in statuses if s and "error" in s]
+            measured = gathered.add(statuses, console)
+            metadata["models"] = gathered.model_records()
+            if launch.is_main and measured:
+                frame = gathered.frame()
+                record_drawn(metadata, run.pool, run.settings.n, frame["seed"])
+                write_parquet(frame, partial_path(run.out), metadata)
+                dim(
+                    console,
+                    f"round {r + 1}/{rounds}: {len(gathered.finished)}/{len(gathered.work)} "
+                    f"(model, seed) pair(s) measured on {launch.world_size} ranks",
+                )
+            if errors:
+                if launch.is_main:
+                    distributed.exit_on_own_terms()
+                distributed.from_main(None, launch)  # the others leave after rank 0 wrote
+                more = f" (and {len(errors) - 1} more failing rank(s))" if len(errors) > 1 else ""
+                raise CdscopeError(errors[0] + more)
+    finally:
+        worker.close()

@@ -17,6 +17,7 @@ from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_refere
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import check_plot_path, check_writable, run_metadata
+from cdscope.settings import RandomRefSettings
 from cdscope.settings.names import EDGE, SUBLAYER
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
@@ -105,29 +106,18 @@ def random_reference_result(
 
 
 def run_random_reference(
-    out: Path,
-    plot: Path | None = None,
-    families: int = 3,
-    gates: int | None = None,
-    trials: int = 50_000,
-    seed: int = 0,
-    value: float | None = None,
-    model: str | None = None,
-    granularity: str | None = None,
+    reference: RandomRefSettings, out: Path, plot: Path | None = None
 ) -> tuple[RandomReferenceResult, Path]:
-    """The ``random-ref`` workflow: options and output paths checked before sampling, the
-    T samples written to ``out`` (statistics in its metadata), the histogram to ``plot``.
-    ``value`` is a fraction in [1/M, 1] as in ``random_reference_result``."""
-    if gates is not None and model is not None:  # -K would be silently ignored
-        raise CdscopeError("give --gates K or --model (K = its gates), not both")
-    if granularity is not None and model is None:
-        raise CdscopeError("--granularity takes K from --model: give --model too")
+    """The ``random-ref`` workflow: output paths checked before sampling, the T samples
+    written to ``out`` (statistics in its metadata), the histogram to ``plot``."""
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
+    value = None if reference.value is None else reference.value / 100
     result = random_reference_result(
-        families, gates, trials, seed, value, model, granularity or SUBLAYER
-    )
+        reference.families, reference.gates, reference.trials, reference.seed, value,
+        reference.model, reference.granularity or SUBLAYER,
+    )  # fmt: skip
     with FileSet(target, plot) as outputs:  # the samples and the figure: both or neither
         outputs.write_parquet(result.frame, target, run_metadata("random-ref", **result.stats))
         if plot is not None:

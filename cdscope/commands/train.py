@@ -33,6 +33,7 @@ from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, content_hash, read_parquet, run_metadata
 from cdscope.lock import OutputLock
 from cdscope.messages import make_console, warn
+from cdscope.settings.names import TRAIN_AUTO_DTYPE
 from cdscope.settings.training import TrainConfig
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
 from cdscope.train.loop import train_hf
@@ -59,13 +60,27 @@ def check_families(tasks: Sequence[Task], probe_families: Sequence[str]) -> list
 
 
 def training_dtype(dtype: str) -> str:
-    """``auto`` trains in float32 on every device.
+    """``auto`` trains in ``settings.names.TRAIN_AUTO_DTYPE`` (float32) on every device.
 
     Pure bf16 training rounds most AdamW updates away (lr 2e-6 times a unit step is far
     below bf16's relative spacing 2^-8 at typical weights), and the first-order
     regulariser's gate steps eps * Ŵ are lost in bf16 (``regularizer.check_realised_perturbation``).
     """
-    return "float32" if dtype == "auto" else dtype
+    return TRAIN_AUTO_DTYPE if dtype == "auto" else dtype
+
+
+def _policy(cfg: TrainConfig, model: Any, tokenizer: Any, console: Console | None) -> Any:
+    """The model to train: ``cfg.model`` loaded in the training dtype (under a launcher,
+    the TRL backend's, each rank on its own GPU), or the caller's ``model`` as it is."""
+    from cdscope.core.models import LoadedModel, load_model
+
+    if model is None:
+        return load_model(
+            cfg.model, rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn, console=console,
+            revision=cfg.revision, trust_remote_code=cfg.trust_remote_code,
+        )  # fmt: skip
+    device = next(model.parameters()).device
+    return LoadedModel(model, tokenizer, cfg.model, "in-memory", "in-memory", device, model.dtype)
 
 
 def prepare(
@@ -83,7 +98,6 @@ def prepare(
     import torch
 
     from cdscope.core.generation import ensure_pad_token
-    from cdscope.core.models import LoadedModel, load_model
     from cdscope.core.regularizer import check_step_resolution
     from cdscope.tasks.sandbox import require_sandbox_for
     from cdscope.train.cdrft import build_probe
@@ -96,17 +110,8 @@ def prepare(
         require_sandbox_for(tasks, "train on math and logic task files only (--tasks)")
     cfg.validate(num_probe_families=len(pool.families))
     check_writable(Path(cfg.out_dir) / LOG_NAME)
-    if model is None:
-        loaded = load_model(  # under a launcher (TRL backend) each rank on its own GPU
-            cfg.model, rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn, console=console,
-            revision=cfg.revision, trust_remote_code=cfg.trust_remote_code,
-        )  # fmt: skip
-        model, tokenizer = loaded.model, loaded.tokenizer
-    else:
-        device = next(model.parameters()).device
-        loaded = LoadedModel(
-            model, tokenizer, cfg.model, "in-memory", "in-memory", device, model.dtype
-        )
+    loaded = _policy(cfg, model, tokenizer, console)
+    model, tokenizer = loaded.model, loaded.tokenizer
     model_info = model_record(loaded)
     ensure_pad_token(tokenizer)
     dtype = next(model.parameters()).dtype

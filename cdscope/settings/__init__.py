@@ -7,7 +7,7 @@ builds them), validated once in ``__post_init__``; and the names they share.
                     an option)
 * ``model``      -- ModelSettings: the model-options group of every model-loading command
 * ``measuring``  -- ProbeSettings (probe and the audits), AuditSettings, NsweepSettings,
-                    GradcheckSettings, EapSettings
+                    GradcheckSettings, EapSettings, RandomRefSettings
 * ``evaluation`` -- EvalSettings (and the --k / --max-new-tokens parsers)
 * ``training``   -- TrainConfig (SPEC §5 reference recipe) and its presets
 
@@ -31,6 +31,7 @@ from cdscope.settings.measuring import (
     GradcheckSettings,
     NsweepSettings,
     ProbeSettings,
+    RandomRefSettings,
 )
 from cdscope.settings.model import ModelSettings
 from cdscope.settings.names import (
@@ -75,6 +76,7 @@ __all__ = [
     "ModelSettings",
     "NsweepSettings",
     "ProbeSettings",
+    "RandomRefSettings",
     "TrainConfig",
     "option_fields",
     "parse_ks",

@@ -209,3 +209,42 @@ class EapSettings:
             if getattr(self, name) < 1:
                 raise CdscopeError(f"--{name.replace('_', '-')} must be at least 1")
         require_batch_size(self.batch_size)
+
+
+#: random-ref's bounds: far above any probe (M families, K gates) and any useful trial count
+MAX_FAMILIES, MAX_GATES, MAX_TRIALS = 1_000, 100_000, 10_000_000
+
+
+@dataclass(frozen=True)
+class RandomRefSettings:
+    """A random reference (SPEC §4): T i.i.d. Gaussian M x K matrices, K given or taken
+    from a model's gates; ``value``: a measured B_shared in percent, as typed."""
+
+    families: int = setting(
+        3, ("--families", "-M"), "Number of families M (rows).", max=MAX_FAMILIES
+    )
+    gates: int | None = setting(
+        None,
+        ("--gates", "-K"),
+        "Number of gates K (columns); default: K of --model.",
+        max=MAX_GATES,
+    )
+    trials: int = setting(
+        50_000, ("--trials", "-T"), "Number of random matrices T.", max=MAX_TRIALS
+    )
+    seed: int = setting(0, "--seed", "RNG seed.", min=0, max=SEED_MAX)
+    value: float | None = setting(
+        None, "--value", "A measured B_shared in percent: report its percentile."
+    )
+    model: str | None = setting(
+        None, ("--model", "-m"), "Take K from this model (its gates at --granularity)."
+    )
+    granularity: str | None = setting(
+        None, "--granularity", GRANULARITY_HELP[:-1] + f" [default: {SUBLAYER}]."
+    )
+
+    def __post_init__(self) -> None:
+        if self.gates is not None and self.model is not None:  # -K would be silently ignored
+            raise CdscopeError("give --gates K or --model (K = its gates), not both")
+        if self.granularity is not None and self.model is None:
+            raise CdscopeError("--granularity takes K from --model: give --model too")

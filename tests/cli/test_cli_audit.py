@@ -256,3 +256,23 @@ def test_bshared_resume_keeps_finished_seeds(two_models, pool, tmp_path) -> None
         "bshared", "--from", tmp_path / "b.probe.parquet", "--resume", "-o", tmp_path / "c.parquet"
     )
     assert refused.exit_code == 2 and "does not apply to --from" in refused.output
+
+
+def test_each_audit_spec_names_measures_its_function_makes() -> None:
+    """AuditSpec is the one place an audit's headline, figure measures and gated measure
+    are named: each must be a measure the audit's function (or its noise correction)
+    actually produces, so a renamed measure cannot leave a figure or the CI gate empty."""
+    from cdscope.commands.audit import AUDITS, exceeding
+
+    rng = np.random.default_rng(0)
+    C, F = rng.normal(size=(3, 8)), rng.normal(size=(3, 8))  # noqa: N806
+    for spec in AUDITS.values():
+        made = {k if isinstance(k, str) else k[0] for k in spec.measures(["a", "b", "c"], C, F)}
+        made |= set(spec.corrected)
+        assert {spec.headline, spec.gated, *spec.plot_measures} <= made, spec.command
+        assert spec.title and spec.gated_label == "B_shared(C)"
+    summary = pd.DataFrame(
+        {"model": ["m", "m"], "measure": ["B_shared_C", "ACG"], "mean": [0.5, 0.9]}
+    )
+    assert exceeding(summary, 60.0) == []  # the gated B_shared(C) is 50 %
+    assert exceeding(summary, 60.0, "ACG") == ["m 90.0%"]  # the measure is the spec's choice

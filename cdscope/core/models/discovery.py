@@ -417,15 +417,22 @@ class Fit:
 
 
 def fit(trace: BlockTrace, chosen: list[Record], dtype: torch.dtype) -> Fit:
-    """Least-squares scales of ``chosen`` outputs against ``h_out - h_in`` and the error
-    (``write_sum_error``; a scale within 64 tolerances of 1 is taken as exactly 1)."""
-    r = (trace.h_out.double() - trace.h_in.double()).reshape(-1)
+    """The error (``write_sum_error``) of ``chosen`` outputs as the block's update: with
+    every scale 1 when that fits, else with least-squares scales (a scale within 64
+    tolerances of 1 taken as exactly 1). Unit scales first, because least squares can
+    miss 1 by more than the tolerance when a write is small next to another (measured:
+    1.8e-13 on the embedded model's layer 11 in float64, whose unit fit errs 1.2e-16)."""
+    names = tuple(rec.name for rec in chosen)
     X = torch.stack([rec.out.double().reshape(-1) for rec in chosen], dim=1)  # noqa: N806
+    unit = write_sum_error(trace.h_in, trace.h_out, X)
+    if unit <= tolerance(dtype):
+        return Fit(names, (1.0,) * len(chosen), unit)
+    r = (trace.h_out.double() - trace.h_in.double()).reshape(-1)
     scales = torch.linalg.lstsq(X, r[:, None]).solution[:, 0]
     tol = tolerance(dtype)
     scales = torch.where((scales - 1).abs() <= 64 * tol, torch.ones_like(scales), scales)
     error = write_sum_error(trace.h_in, trace.h_out, X * scales)
-    return Fit(tuple(rec.name for rec in chosen), tuple(scales.tolist()), error)
+    return Fit(names, tuple(scales.tolist()), error)
 
 
 def solve_block(trace: BlockTrace, dtype: torch.dtype, hint: tuple[str, ...] | None) -> Fit:

@@ -259,3 +259,23 @@ def test_saved_moe_checkpoints_measure_in_float64_and_bfloat16(model_type, moe_p
     assert (record["dtype"], record["experts"]) == ("bfloat16", "grouped_mm")
     cosine = (half * exact).sum() / np.linalg.norm(half) / np.linalg.norm(exact)
     assert cosine > 0.99  # bf16 against float64: worst 0.99979 (jamba); docs/precision.md
+
+
+def test_unit_scales_are_tried_before_least_squares() -> None:
+    """A write 1e4 times smaller than its block partner: least squares misses its scale 1
+    by 6.5e-13, beyond the snap (64 tolerances, 1.1e-13 in float64), and the fit then errs
+    3.8e-14 > 1.8e-15 (the embedded model's layer 11 in float64 was refused so); the unit
+    fit errs 1.1e-16."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):  # the draw of the case above is the third
+        h_in = torch.randn(1, 6, 64, generator=gen, dtype=torch.float64)
+        big = 1e4 * torch.randn(1, 6, 64, generator=gen, dtype=torch.float64)
+        small = torch.randn(1, 6, 64, generator=gen, dtype=torch.float64)
+    trace = discovery.BlockTrace(h_in=h_in, h_out=h_in + small + big)
+    found = discovery.fit(
+        trace,
+        [discovery.Record("a", 1, out=small), discovery.Record("m", 1, out=big)],
+        torch.float64,
+    )
+    assert found.scales == (1.0, 1.0)
+    assert found.error <= discovery.tolerance(torch.float64) / 10  # measured 1.1e-16

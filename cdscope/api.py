@@ -7,7 +7,7 @@ file the CLI writes::
     model = cdscope.load_model("smollm2-135m")    # or load_model(hf_model, hf_tokenizer)
     frame = cdscope.measure(model, seeds=3)       # C, F, l_m: the `probe` Parquet schema
     audit = cdscope.bshared(frame)                # .per_seed, .summary, .paired
-    cdscope.plot(audit, "bshared.png")
+    cdscope.plot(audit, "bshared.png")            # the Figure (a notebook shows it)
 
 Quantities: C, F and l_m (SPEC §2); B_shared, ACG, the decomposition and the random
 reference (SPEC §3-4); same-seed paired differences (SPEC §4). A wrong input raises
@@ -36,6 +36,9 @@ from cdscope.output.frames import ModelOptions, ProbeSettings
 from cdscope.resources import EMBEDDED_NAME
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from cdscope.core.models.loading import LoadedModel
 
 #: what ``probe=`` / ``load_pool`` accept: None (the shipped pools), a pool, JSONL
@@ -305,24 +308,34 @@ def random_reference(
     return random_reference_result(families, gates, trials, seed, value, spec)
 
 
-def plot(result: AuditResult | RandomReferenceResult, path: str | Path) -> Path:
-    """Write the CLI's figure of ``result`` (``--plot``) to ``path`` (.png, .pdf or .svg)."""
+def plot(
+    result: AuditResult | RandomReferenceResult,
+    path: str | Path | None = None,
+    *,
+    ax: Axes | None = None,
+) -> Figure:
+    """The CLI's ``--plot`` figure of ``result``, as a matplotlib Figure (a notebook shows
+    it); written to ``path`` too when given (.png, .pdf or .svg).
+
+    ``ax``: draw the first panel (the bars of an audit, the histogram of a random
+    reference) on this Axes of your own figure and return that figure."""
     from cdscope.commands.audit_plot import draw_audit
     from cdscope.commands.random_ref import draw_random_reference
     from cdscope.io import check_plot_path
 
-    target = Path(path)
-    check_plot_path(target)
+    target = None if path is None else Path(path)
+    if target is not None:
+        check_plot_path(target)
+    if ax is not None and not hasattr(ax, "get_figure"):
+        raise CdscopeError(f"ax must be a matplotlib Axes, not {type(ax).__name__}")
     if isinstance(result, AuditResult):
-        draw_audit(target, result)
-    elif isinstance(result, RandomReferenceResult):
-        draw_random_reference(target, result)
-    else:
-        raise CdscopeError(
-            "plot takes what bshared/acg/decompose/random_reference return, "
-            f"not {type(result).__name__}"
-        )
-    return target
+        return draw_audit(target, result, ax)
+    if isinstance(result, RandomReferenceResult):
+        return draw_random_reference(target, result, ax)
+    raise CdscopeError(
+        "plot takes what bshared/acg/decompose/random_reference return, "
+        f"not {type(result).__name__}"
+    )
 
 
 def read_results(path: str | Path) -> pd.DataFrame:

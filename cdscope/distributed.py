@@ -18,6 +18,7 @@ Only rank 0 writes files and talks; the other ranks end their command with
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -146,6 +147,18 @@ def from_main(value: T, launch: Launch) -> T:
     return box[0]  # type: ignore[return-value]
 
 
+def exit_on_own_terms() -> None:
+    """On rank 0, once a failure shared by every rank is known: ignore the launcher's
+    SIGTERM from here on. torchrun stops all workers as soon as one exits; the other ranks
+    exit right after the shared failure, and rank 0 would be cut off before it has written
+    the finished work and printed its one line. It exits by itself within moments (the
+    launcher sends SIGKILL after its grace period anyway). A no-op off the main thread."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # signal handlers belong to the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def rank_device(device: str) -> str:
     """``--device`` for this rank: under a launcher, ``auto`` / ``cuda`` on a CUDA machine
     mean the rank's own GPU, ``cuda:LOCAL_RANK`` (one process per GPU, as torchrun starts them)."""
@@ -167,3 +180,40 @@ def single_process_only(command: str) -> None:
             "run it without torchrun/accelerate launch (data-parallel: probe, bshared, acg, "
             "decompose; distributed training: train --backend trl)"
         )
+
+
+def is_sharded(module: object) -> bool:
+    """True when ``module`` is managed by torch's FSDP2 (``fully_shard``, also what
+    accelerate's FSDP2 plugin applies): its parameters are DTensor shards, all-gathered only
+    inside its own forward, and gradients reach them only through ``backward`` (FSDP's
+    reduce-scatter), never through ``torch.autograd.grad``."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch built without distributed
+        return False
+    return isinstance(module, FSDPModule)
+
+
+def fsdp_modules(module: object) -> list:
+    """Every FSDP2-managed module under ``module`` (itself included), outermost first."""
+    from torch import nn
+
+    return [m for m in module.modules() if is_sharded(m)] if isinstance(module, nn.Module) else []
+
+
+@contextmanager
+def held_unsharded(module: object, after: str = "backward") -> Iterator[None]:
+    """Inside: FSDP2 keeps the parameters all-gathered ``after`` a ``"backward"`` (a double
+    backward runs through the first backward's graph, which holds the unsharded parameters:
+    resharding in between frees them under it) or a ``"forward"`` (generation: one
+    all-gather for all its forwards, at the unsharded model's memory); on exit every group
+    is resharded. No-op unsharded."""
+    groups = fsdp_modules(module)
+    for m in groups:
+        getattr(m, f"set_reshard_after_{after}")(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in groups:
+            getattr(m, f"set_reshard_after_{after}")(True, recurse=False)
+            m.reshard()

@@ -19,10 +19,6 @@ import numpy as np
 
 from cdscope.errors import CdscopeError
 
-#: RNG seeds fit the 32-bit words numpy's SeedSequence and torch.manual_seed take.
-SEED_MAX = 2**32 - 1
-#: counts (--seeds, --n, ...): far above any real run, far below overflow or allocation.
-COUNT_MAX = 1_000_000
 HINT = (
     "the model's weights are non-finite or overflow in its dtype "
     "(check the weights; try --dtype float32)"
@@ -77,3 +73,25 @@ def require_finite(named: Iterable[tuple[str, Any]], where: str = "", hint: str 
     found = first_non_finite(named)
     if found is not None:
         raise NonFinite(found[0], found[1], where, hint)
+
+
+#: finite but absurd: a value this large in a file (C, F, l_m, per-sample entries) cannot
+#: come from a measurement, and its square would overflow float64 in a Gram over up to
+#: COUNT_MAX gates; such values are refused by name like NaN
+ABSURD = 1e100
+
+
+def first_unusable(values: Any, rows: Any = None) -> tuple[int, str] | None:
+    """``(index, 'NaN' | '+inf' | '-inf' | 'absurdly large (|x| > 1e100)')`` of the first
+    entry of the 1-D float array ``values`` (among ``rows``, a boolean mask, if given)
+    that is not finite or whose magnitude exceeds ``ABSURD``; None when all are usable."""
+    array = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(array) | (np.abs(array) > ABSURD)
+    if rows is not None:
+        bad &= np.asarray(rows, dtype=bool)
+    if not bad.any():
+        return None
+    index = int(np.flatnonzero(bad)[0])
+    value = float(array[index])
+    return index, _kind(value) if not np.isfinite(value) else f"absurdly large (|x| > {ABSURD:g})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 
 from cdscope import __version__
 from cdscope.errors import CdscopeError
+from cdscope.schemas import arrow_table, strict_json
 
 METADATA_KEY = b"cdscope"
 
@@ -40,33 +42,75 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def compute_threads() -> int | None:
+    """torch's intra-op thread count when torch is loaded (a run that only reads files
+    computes nothing in torch): reductions split over threads round differently, so it is
+    part of what makes a number bit-exact (docs/resume.md)."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
 def run_metadata(command: str, **fields: object) -> dict:
-    """The metadata every output carries, plus command-specific ``fields``."""
+    """The metadata every output carries, plus command-specific ``fields``: the library
+    versions and thread count that ``--resume`` compares (docs/resume.md)."""
     return {
         "command": command,
         "command_line": shlex.join(["cdscope", *sys.argv[1:]]) if sys.argv else "",
         "cdscope_version": __version__,
         "torch_version": _version("torch"),
         "transformers_version": _version("transformers"),
+        "numpy_version": _version("numpy"),
         "python_version": platform.python_version(),
+        "threads": compute_threads(),
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **fields,
     }
 
 
+def make_parents(target: Path) -> list[Path]:
+    """Create the missing folders above ``target``; return those created, deepest first."""
+    made, folder = [], target.parent
+    while not folder.exists():
+        made.append(folder)
+        folder = folder.parent
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove ``folders`` (deepest first) that are still empty: what a failed write or
+    check made and did not fill (a failed run leaves no empty ``results/``)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (another writer's file) or gone: its parents stay too
+
+
+def content_hash(value: object) -> str:
+    """``sha256:`` + 16 hex digits of ``value`` as canonical JSON (sorted keys): the
+    identity of a task, a task set or a file's records, whatever path they came from."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def check_writable(path: str | Path) -> Path:
-    """Fail early (before any expensive work) when ``path`` cannot be written."""
+    """Fail early (before any expensive work) when ``path`` cannot be written. Folders
+    made for the check are removed again: the write that follows makes them."""
     target = Path(path)
     if target.exists() and target.is_dir():
         raise CdscopeError(
             f"output path {target} is a directory; give a file name like {target}/out.parquet"
         )
+    made: list[Path] = []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        made = make_parents(target)
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".cdscope-check-"):
             pass
     except OSError as exc:
         raise CdscopeError(f"cannot write to {target}: {exc.strerror or exc}") from exc
+    finally:
+        remove_empty(made)
     return target
 
 
@@ -125,9 +169,9 @@ def atomic_write_bytes(path: str | Path, write: object) -> None:
     writer errors become a one-line ``WriteFailed`` (see ``_failed``).
     """
     target = Path(path)
-    tmp = None
+    tmp, made = None, []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        made = make_parents(target)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.close(fd)
         write(tmp)  # type: ignore[operator]
@@ -136,6 +180,7 @@ def atomic_write_bytes(path: str | Path, write: object) -> None:
     except BaseException as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        remove_empty(made)
         failure = _failed(target, exc)
         if failure is exc:
             raise
@@ -147,9 +192,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a hidden temporary folder beside ``path``; when the block ends without error
     it replaces ``path``, otherwise it is removed and writer errors become ``WriteFailed``."""
     target = Path(path)
-    tmp = None
+    tmp, made = None, []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        made = make_parents(target)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
         yield tmp
         if target.exists():
@@ -158,6 +203,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(made)
         failure = _failed(target, exc)
         if failure is exc:
             raise
@@ -170,12 +216,12 @@ ROW_GROUP_ROWS = 65_536
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path, metadata: dict) -> Path:
-    """Write ``frame`` with ``metadata`` (JSON) atomically, in row groups of
-    ``ROW_GROUP_ROWS``; returns the path."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    """Write ``frame`` with ``metadata`` (strict JSON) atomically, in row groups of
+    ``ROW_GROUP_ROWS``, each column in its ``cdscope.schemas`` type; returns the path."""
+    table = arrow_table(frame)  # every column in its one Arrow type (cdscope.schemas)
     merged = {
         **(table.schema.metadata or {}),
-        METADATA_KEY: json.dumps(metadata, default=str).encode(),
+        METADATA_KEY: json.dumps(strict_json(metadata), allow_nan=False).encode(),
     }
     table = table.replace_schema_metadata(merged)
     atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS))

@@ -9,8 +9,11 @@ Rich reads ``[...]`` in plain strings as markup (``[bold]``, ``[/]``, ``[link=x]
 * messages are :class:`rich.text.Text` built by :func:`say` (and :func:`warn`,
   :func:`wrote`, :func:`dim`): user values are plain parts, styling is an explicit
   ``(text, style)`` part, so they stay verbatim on any console, including a caller's own;
-* progress bars come from :func:`progress_bar`, whose text columns do not parse markup
-  (rich's ``TextColumn`` does by default);
+* progress comes from :func:`progress_bar`, whose text columns do not parse markup
+  (rich's ``TextColumn`` does by default). On a terminal (or in Jupyter) it is rich's live
+  bar; when the console is not a terminal (a log file, SLURM, nohup, CI) a live bar would
+  be drawn once, at the end, so it prints one plain line per finished unit instead: what
+  finished, done/total, elapsed time and an estimate of the time left;
 * tables are :class:`VerbatimTable`, which turns string titles, headers and cells into
   ``Text``.
 
@@ -20,10 +23,19 @@ Rich reads ``[...]`` in plain strings as markup (``[bold]``, ``[/]``, ``[link=x]
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console, RenderableType
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -59,8 +71,9 @@ def dim(console: Any, text: str) -> None:
 
 def progress_bar(console: Any, *extra_fields: str, transient: bool = False) -> Progress:
     """Description, bar, done/total, elapsed time, then ``{task.fields[NAME]}`` per extra
-    field; descriptions and fields are shown verbatim."""
-    return Progress(
+    field; descriptions and fields are shown verbatim. Where ``console`` is not a terminal,
+    one line per advance instead (:class:`LineProgress`)."""
+    return LineProgress(
         TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
@@ -68,7 +81,71 @@ def progress_bar(console: Any, *extra_fields: str, transient: bool = False) -> P
         *(TextColumn(f"{{task.fields[{name}]}}", markup=False) for name in extra_fields),
         console=console,
         transient=transient,
+        extra_fields=extra_fields,
     )
+
+
+def clock(seconds: float) -> str:
+    """``h:mm:ss``, as rich's elapsed-time column shows it."""
+    whole = max(0, round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+class LineProgress(Progress):
+    """A rich ``Progress`` that, on a console that is not a terminal (nor Jupyter), draws no
+    live bar and prints one line each time a task's completed count grows::
+
+        probing runs/base seed 2: 3/6 done, 0:01:12 elapsed, about 0:01:12 left
+
+    The line names the task's description as it stands when the unit finishes (the
+    commands set it to the unit in progress: model and seed, step, problem batch) and the
+    values of ``extra_fields``. The time left assumes the units still to do take as long
+    as those done since the task was added (resumed units, counted at ``add_task``, are
+    left out of the rate)."""
+
+    def __init__(self, *columns: Any, extra_fields: tuple[str, ...] = (), **kwargs: Any) -> None:
+        console = kwargs.get("console")
+        self.lines = console is not None and not (console.is_terminal or console.is_jupyter)
+        super().__init__(*columns, disable=self.lines, **kwargs)
+        self.extra_fields = extra_fields
+        self.started: dict[TaskID, tuple[float, float]] = {}  # task -> (time, completed) at add
+
+    def add_task(self, description: str, *args: Any, **kwargs: Any) -> TaskID:
+        task = super().add_task(description, *args, **kwargs)
+        self.started[task] = (time.monotonic(), self._task(task).completed)
+        return task
+
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
+        before = self._task(task_id).completed
+        super().update(task_id, **kwargs)
+        self._line_if_advanced(task_id, before)
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        before = self._task(task_id).completed
+        super().advance(task_id, advance)
+        self._line_if_advanced(task_id, before)
+
+    def _task(self, task_id: TaskID) -> Task:
+        return next(task for task in self.tasks if task.id == task_id)
+
+    def _line_if_advanced(self, task_id: TaskID, before: float) -> None:
+        task = self._task(task_id)
+        if not self.lines or task.completed <= before:
+            return
+        start, done_at_start = self.started.get(task_id, (time.monotonic(), 0.0))
+        elapsed = time.monotonic() - start
+        parts = [f"{task.description}: {task.completed:g}"]
+        if task.total is not None:
+            parts.append(f"/{task.total:g}")
+        parts.append(f" done, {clock(elapsed)} elapsed")
+        rate_units = task.completed - done_at_start
+        if task.total is not None and rate_units > 0:
+            left = max(0.0, task.total - task.completed) * elapsed / rate_units
+            parts.append(f", about {clock(left)} left" if left > 0 else ", finished")
+        for name in self.extra_fields:
+            if str(task.fields.get(name, "")).strip():
+                parts.append(f"  {task.fields[name]}")
+        say(self.console, "".join(parts))
 
 
 def _plain(value: RenderableType | None, style: str = "") -> RenderableType | None:

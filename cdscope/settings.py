@@ -1,6 +1,9 @@
 """The settings of ``eval``, ``eap-info`` and ``gradcheck``: one dataclass each, whose
 defaults are the commands' defaults (the CLI reads them from here, so this module stays
-light: no torch). ``probe``'s are ``frames.ProbeSettings``, ``train``'s ``TrainConfig``.
+light: no torch, no numpy). ``ProbeSettings`` is what defines a probe measurement (probe and
+the audits); ``train``'s settings are ``TrainConfig``. The names of the gate granularities
+and of the estimators live here too, for the same reason: ``cdscope --help`` lists them
+without importing torch.
 """
 
 from __future__ import annotations
@@ -8,6 +11,25 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from cdscope.errors import CdscopeError
+
+#: RNG seeds fit the 32-bit words numpy's SeedSequence and torch.manual_seed take.
+SEED_MAX = 2**32 - 1
+#: counts (--seeds, --n, ...): far above any real run, far below overflow or allocation.
+COUNT_MAX = 1_000_000
+#: the gate sets ``GatedModel`` builds (docs/granularity.md): one gate per residual write,
+#: per attention head, per routed / shared MoE expert, per MLP neuron
+GATE_GRANULARITIES = ("sublayer", "head", "expert", "neuron")
+#: every --granularity of the probe commands: the gate sets above, and one gate per edge of
+#: the EAP graph (``cdscope.core.edge_control``, not a GatedModel gate set)
+GRANULARITIES = (*GATE_GRANULARITIES, "edge")
+#: estimators of C (SPEC §2): one backward, or 2K gated forwards (the slow check)
+C_ESTIMATORS = ("autograd", "fd")
+#: estimators of the regulariser gradient (``cdscope.core.regularizer.proxy_grad``; SPEC §5)
+GRADIENT_ESTIMATORS = ("exact", "proxy", "richardson", "folded")
+#: the default first-order estimator and its gate step, chosen from the measured fidelity
+#: table (docs/gradcheck.md)
+DEFAULT_ESTIMATOR = "folded"
+DEFAULT_EPS = 0.01
 
 DEFAULT_MAX_NEW_TOKENS = {"code": 256, "math": 256, "logic": 192}
 FALLBACK_MAX_NEW_TOKENS = 256
@@ -76,3 +98,48 @@ class GradcheckSettings:
     richardson_sweep: bool = False
     batch_size: int | None = None
     granularity: str = "sublayer"  # the gate set whose C the regulariser shapes
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What defines a probe measurement; runs are comparable only when these agree."""
+
+    seeds: tuple[int, ...]
+    n: int = 3
+    template: str = "plain"
+    estimator: str = "autograd"
+    batch_size: int | None = None
+    fd_step: float = 1e-2
+    fd_order: int = 2
+    granularity: str = "sublayer"
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise CdscopeError(
+                f"--granularity must be one of {', '.join(GRANULARITIES)}; got {self.granularity!r}"
+            )
+        if not self.seeds:
+            raise CdscopeError("--seeds must be at least 1")
+        if self.estimator not in C_ESTIMATORS:
+            raise CdscopeError(
+                f"--estimator must be one of {', '.join(C_ESTIMATORS)}; got {self.estimator!r}"
+            )
+        if self.granularity == "edge" and self.estimator != "autograd":
+            raise CdscopeError(
+                "edge granularity has only the autograd estimator: drop --estimator fd"
+            )
+        if self.fd_order not in (2, 4):
+            raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
+
+    def comparable(self) -> dict:
+        """The settings two runs must share for their numbers to be paired (and that
+        ``--resume`` compares): n, template, estimator, the fd stencil when used, and the
+        granularity when it is not ``sublayer`` (files from before it existed match)."""
+        same = {"n": self.n, "template": self.template, "estimator": self.estimator}
+        if self.estimator == "fd":
+            same |= {"fd_step": self.fd_step, "fd_order": self.fd_order}
+        if self.granularity != "sublayer":
+            same["granularity"] = self.granularity
+        return same

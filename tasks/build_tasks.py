@@ -55,6 +55,9 @@ from build_pools import (  # noqa: E402  (probes/ is not a package)
 )
 from solvers import SOLVERS, Reject, answer_line  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+from build_curriculum import build_curriculum  # noqa: E402  (tasks/ is not a package)
+
 from cdscope.tasks.format import Task, dumps_tasks  # noqa: E402
 from cdscope.tasks.verifiers import verify  # noqa: E402
 
@@ -279,6 +282,8 @@ def build() -> dict[str, bytes]:
         "prompt or (eval) a train prompt; no question repeats within a split",
         "splits": splits,
     }
+    curriculum_files, manifest["curriculum"] = build_curriculum(probes, normalise_prompt)
+    files.update(curriculum_files)
     text = dump_manifest(manifest) + "\n"
     assert json.loads(text) == manifest
     files["MANIFEST.json"] = text.encode("utf-8")

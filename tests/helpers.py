@@ -252,3 +252,18 @@ NAMED = {
     "gptj": (("attn", "mlp"), ("attn", "mlp"), True, False),
     "jamba": (("mixer", "mlp"), ("attn", "moe"), False, False),
 }
+
+
+def write_foreign_parquet(frame, path: Path, meta: dict) -> Path:  # noqa: ANN001
+    """``frame`` with cdscope metadata as another writer would leave it: plain pyarrow,
+    column types as Arrow infers them (cdscope's own writer refuses a column of the wrong
+    type, cdscope.schemas), for crafted and corrupted input files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cdscope.io import METADATA_KEY
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    extra = {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta).encode()}
+    pq.write_table(table.replace_schema_metadata(extra), path)
+    return Path(path)

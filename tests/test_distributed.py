@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from cdscope.cli import app
 from cdscope.distributed import Launch, share
+from cdscope.fileset import partial_path
 from tests.helpers import byte_tokenizer, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +162,8 @@ def test_failing_rank_fails_every_rank_with_one_line(tiny_model_dir, pool_file, 
     assert [line for line in lines if "error" in line] == lines[-1:], results[0][2]
     assert lines[-1].startswith("error: rank 1: ") and str(broken) in lines[-1]
     assert results[1][2].strip() == "" and results[1][1].strip() == ""
-    kept = pd.read_parquet(out)  # rank 0's finished pair is written before the failure
+    assert not out.exists()  # the output set is incomplete: OUT is not written
+    kept = pd.read_parquet(partial_path(out))  # rank 0's finished pair, kept for --resume
     assert set(kept["model"]) == {str(tiny_model_dir)} and len(kept) == M * K
 
 
@@ -189,6 +191,7 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
 def test_killed_rank_leaves_the_last_complete_parquet(tiny_model_dir, pool_file, tmp_path) -> None:
     common = ["probe", "-m", tiny_model_dir, "--probe", pool_file, "--device", "cpu"]
     out = tmp_path / "p.parquet"
+    progress = partial_path(out)
     proc = torchrun(
         [*common, "--seeds", 40, "--out", out],
         stdout=subprocess.DEVNULL,
@@ -196,16 +199,17 @@ def test_killed_rank_leaves_the_last_complete_parquet(tiny_model_dir, pool_file,
     )
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
+        while not progress.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert out.exists(), "no Parquet written before the deadline"
+        assert progress.exists(), "no Parquet written before the deadline"
         victim = _rank_pid(proc.pid, 1)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
         assert proc.wait(timeout=TIMEOUT) != 0
     finally:
         proc.kill()
-    kept = pd.read_parquet(out)  # a whole file: rows of complete rounds only
+    assert not out.exists()  # the run never completed its output set
+    kept = pd.read_parquet(progress)  # a whole file: rows of complete rounds only
     seeds = sorted(set(kept["seed"]))
     assert 2 <= len(seeds) < 40 and seeds == list(range(len(seeds)))
     assert len(kept) == len(seeds) * M * K
@@ -231,3 +235,50 @@ def test_single_process_commands_refuse_a_launcher(
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "WORLD_SIZE=2" in result.output
     assert not out.exists()
+
+
+def test_launch_ends_a_failed_run_with_one_line_and_the_ranks_exit_code(
+    tiny_model_dir, pool_file, tmp_path
+) -> None:
+    """``python -m cdscope.launch`` is torchrun without its failure trace: a rank failing on
+    a corrupt model gives rank 0's one line and exit 2, where torchrun prints ~40 lines
+    and exits 1 (both checked, so the difference is pinned)."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\0" * 64)  # rank 1 draws this model
+    args = ["probe", "-m", tiny_model_dir, "-m", broken, "--probe", pool_file, "--device", "cpu"]
+    launch = [sys.executable, "-m", "cdscope.launch", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*launch, "-m", "cdscope.cli", "--", *map(str, args), "--out", str(tmp_path / "a.parquet")],
+        env=_env(), cwd=ROOT, text=True, capture_output=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
+    assert [line for line in lines if "error" in line.lower()] == lines[-1:], done.stderr
+    assert lines[-1].startswith("error: rank 1: ") and str(broken) in lines[-1], done.stderr
+    plain = torchrun([*args, "--out", tmp_path / "b.parquet"], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE)  # fmt: skip
+    _, err = plain.communicate(timeout=TIMEOUT)
+    assert plain.returncode == 1 and "ChildFailedError" in err and len(err.splitlines()) > 20
+
+
+def test_failure_lines_name_every_rank_that_could_not_speak() -> None:
+    from cdscope.launch import failure_lines
+
+    class Failure:
+        def __init__(self, exitcode: int, pid: int) -> None:
+            self.exitcode, self.pid = exitcode, pid
+
+        def signal_name(self) -> str:
+            return signal.Signals(-self.exitcode).name
+
+    # rank 0 spoke (exit 2): its line covers rank 1's shared failure
+    assert failure_lines({0: Failure(2, 10), 1: Failure(2, 11)}) == ([], 2)
+    # rank 1 killed, rank 0 stopped by torchrun: one line each, torchrun's exit code 1
+    lines, code = failure_lines({0: Failure(-15, 10), 1: Failure(-9, 11)})
+    assert code == 1 and len(lines) == 2
+    assert "stopped by the launcher (SIGTERM)" in lines[0] and "killed by SIGKILL" in lines[1]
+    # rank 0 died by a signal, rank 1 exited 2 silently: it gets a line, the code is its
+    lines, code = failure_lines({0: Failure(-9, 10), 1: Failure(2, 11)})
+    assert code == 2 and lines[1] == "rank 1 (pid 11) exited with code 2"

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from cdscope import io as cio
 from cdscope.cli import app
 from cdscope.errors import CdscopeError
+from cdscope.fileset import partial_path
 from cdscope.output.frames import FRAME_COLUMNS
-from tests.helpers import byte_tokenizer, tiny_model, write_pool
+from tests.helpers import byte_tokenizer, tiny_model, write_foreign_parquet, write_pool
 
 runner = CliRunner()
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -109,7 +110,9 @@ def probe_file(path: Path, families=("code", "logic", "math"), seeds=(0, 1), **c
         frame[column] = value(frame) if callable(value) else value
     meta = {"settings": {"n": 3, "template": "plain", "estimator": "autograd"},
             "models": [{"name": "m", "K": 4}], "probe_hash": "sha256:x"}  # fmt: skip
-    return cio.write_parquet(frame, path, meta)
+    if not change:
+        return cio.write_parquet(frame, path, meta)
+    return write_foreign_parquet(frame, path, meta)  # as another writer would leave it
 
 
 # -- 4 + 7: any writer error during an atomic write -> one line, temp removed ------------
@@ -231,7 +234,8 @@ def test_seed_metadata_is_compact(tiny_model_dir, pool_file, tmp_path) -> None:
     with pytest.raises(KeyboardInterrupt):
         collect_control([str(tiny_model_dir)], load_pool([pool_file]),
                         ProbeSettings(tuple(range(100_000)), 1), out, on_result=stop)  # fmt: skip
-    meta = cio.read_parquet(out)[1]
+    assert not out.exists()  # an interrupted run leaves its progress beside OUT, not in it
+    meta = cio.read_parquet(partial_path(out))[1]
     assert meta["seeds"] == "0..99999" and len(json.dumps(meta)) < 4000
 
 
@@ -473,3 +477,42 @@ def test_nan_control_is_refused_at_every_granularity(
     line = refused(invoke("probe", "-m", nan_text_model_dir, *args), "non-finite")
     assert "is NaN" in line, line
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+# -- issue #26: absurd weights, absurd lengths ---------------------------------------------------
+def test_absurdly_scaled_weights_are_named_not_blamed_on_the_architecture(tmp_path, pool_file):
+    """Weights x 1e30: RMSNorm's square overflows float32 and every write comes out 0,
+    which read as 'not a residual decoder block'; the line now names the magnitude."""
+    model = tiny_model("llama")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1e30)
+    huge = save(model, tmp_path / "huge")
+    out = tmp_path / "p.parquet"
+    line = refused(invoke("probe", "-m", huge, "-p", pool_file, "--n", 1, "-o", out),
+                   "absurdly scaled", "|h| = ")  # fmt: skip
+    assert "not a residual decoder block" not in line and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("eval", "--max-new-tokens", "99999999999999999999"),
+        ("eap-info", "--max-new-tokens", "99999999999999999999"),
+        ("train", "--max-new-tokens", "99999999999999999999", "--steps", 1),
+    ],
+)
+def test_absurd_generation_lengths_are_refused_before_any_work(
+    args, tiny_model_dir, pool_file, tmp_path
+) -> None:
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps({"id": "math/a/0", "family": "math", "prompt": "1+1=",
+                                 "verifier": "math", "answer": "2"}) + "\n")  # fmt: skip
+    out = tmp_path / "out"
+    target = ["--out-dir", out] if args[0] == "train" else ["-o", out]
+    inputs = {"eval": ["--tasks", tasks, "-m", tiny_model_dir],
+              "eap-info": ["-p", pool_file, "-m", tiny_model_dir],
+              "train": ["--tasks", tasks, "--probe", pool_file, "--model", tiny_model_dir]}  # fmt: skip
+    line = refused(invoke(*args, *inputs[args[0]], *target), "--max-new-tokens")
+    assert "1,000,000" in line or "1000000" in line, line
+    assert not out.exists()

@@ -183,6 +183,8 @@ def test_relative_imports_resolve(
 TIERS = (
     ("ground", ("cdscope.errors", "cdscope.finite", "cdscope.io", "cdscope.messages",
                 "cdscope.resources", "cdscope.hooks", "cdscope.settings", "cdscope.distributed",
+                "cdscope.schemas", "cdscope.embedded",
+                "cdscope.lock", "cdscope.fileset", "cdscope.launch",
                 "cdscope.version")),
     ("analysis", ("cdscope.analysis",)),
     ("core", ("cdscope.core", "cdscope.tasks")),

@@ -12,11 +12,28 @@ Delta_s, and the Student-t interval
 
 With S = 1 there is no spread estimate: SE and the interval are NaN.
 
-The percentile bootstrap (used for the edge-attribution statistics, SPEC §6) resamples
-the n observations with replacement B times (all B resamples drawn at once from
-``np.random.default_rng(seed)``), evaluates the statistic on each, and reports the
-(1-level)/2 and (1+level)/2 quantiles of those B values. The paired version resamples
-pairs jointly, which is the same as bootstrapping the per-pair differences.
+The bootstrap (used for the edge-attribution statistics, SPEC §6) resamples the n
+observations with replacement B times (all B resamples drawn at once from
+``np.random.default_rng(seed)``) and evaluates the statistic on each; Q_p denotes the
+p-quantile of those B values and theta_hat the statistic on the full sample. Two
+intervals (``bootstrap_interval``):
+
+    percentile:  [Q_{(1-level)/2},                    Q_{(1+level)/2}]
+    centred:     [theta_hat + Q_{(1-level)/2} - Q_{1/2}, theta_hat + Q_{(1+level)/2} - Q_{1/2}]
+
+The centred interval (the default) is the percentile interval moved so that the
+bootstrap median sits on theta_hat: it keeps the bootstrap's spread and always
+contains theta_hat, because Q_{(1-level)/2} <= Q_{1/2} <= Q_{(1+level)/2}. The plain
+percentile interval can miss theta_hat entirely when the statistic is biased under
+resampling, which small n makes common: a resample of n = 3 observations repeats one
+of them with probability 7/9, and a statistic that reacts to repeats (B_shared of three
+resampled probe samples per family, for one) then has most of its bootstrap values on
+one side of theta_hat. For a bootstrap distribution whose median is theta_hat the two
+intervals are equal. Bias-correcting variants (basic, BC, BCa, bootstrap-t) do not
+help here: each excludes theta_hat exactly when the bootstrap median lies far from it.
+The centred interval does not correct bias either; it states the spread around the
+estimate. The paired version resamples pairs jointly, which is the same as
+bootstrapping the per-pair differences.
 
 Power of the paired comparison: with per-seed differences of standard deviation sd, a
 two-sided paired t-test at level alpha over S seeds rejects "mean Delta = 0" with
@@ -25,6 +42,11 @@ probability
     power(S) = P(|T| > t_{1-alpha/2, S-1}),   T ~ noncentral t(df = S-1, nc = Delta sqrt(S) / sd),
 
 and ``seeds_needed`` is the smallest S >= 2 with power(S) >= the target (0.8 by default).
+scipy's noncentral t CDF (``nctdtr``) returns NaN where a tail underflows (measured at
+x = +-t_crit for alpha 0.01..0.1, df 1..50, nc 0.01..1e4: 14,402 NaNs, all at x < nc,
+with finite values within +-10 % of nc below 4e-14; e.g. df = 1, nc = 8.9 at -t_crit),
+so a NaN tail probability at a point below the noncentrality is read as 0; elsewhere it
+stays NaN. Without that, power(2) was NaN and ``seeds_needed`` answered 3 where 2 suffice.
 """
 
 from __future__ import annotations
@@ -37,15 +59,21 @@ from numpy.typing import ArrayLike
 from scipy.special import nctdtr, stdtrit  # t quantile, noncentral t CDF; lighter than scipy.stats
 
 __all__ = [
+    "BOOTSTRAP_METHODS",
     "BootstrapCI",
     "PairedDiff",
     "bootstrap_ci",
+    "bootstrap_interval",
     "mean_se",
     "paired_bootstrap_ci",
     "paired_difference",
     "paired_t_power",
     "seeds_needed",
+    "t_interval",
 ]
+
+#: interval methods of ``bootstrap_interval`` (module doc); the first is the default
+BOOTSTRAP_METHODS = ("centred", "percentile")
 
 
 def _as_sample(values: ArrayLike, name: str = "values") -> np.ndarray:
@@ -79,6 +107,18 @@ def mean_se(values: ArrayLike) -> tuple[float, float]:
     return float(v.mean()), se
 
 
+def t_interval(values: ArrayLike, level: float = 0.95) -> tuple[float, float, float, float]:
+    """``(mean, SE, low, high)``: the Student-t interval mean +/- t_{(1+level)/2, S-1} * SE
+    over S values (SPEC §4); SE and the interval are NaN when S = 1."""
+    level = _check_level(level)
+    mean, se = mean_se(values)
+    S = np.asarray(values).size
+    if S < 2:
+        return mean, se, float("nan"), float("nan")
+    half = float(stdtrit(S - 1, 0.5 + level / 2.0)) * se
+    return mean, se, mean - half, mean + half
+
+
 @dataclass(frozen=True, eq=False)
 class PairedDiff:
     """Summary of per-seed differences Delta_s = value_A(s) - value_B(s) (SPEC §4)."""
@@ -99,19 +139,12 @@ def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Paired
     of Delta_s < 0, and the Student-t interval mean +/- t.ppf((1+level)/2, S-1) * SE.
     With S = 1, SE and the interval are NaN. Unequal lengths raise ValueError.
     """
-    level = _check_level(level)
     x, y = _as_pair(a, b)
     deltas = x - y
     deltas.flags.writeable = False
-    mean, se = mean_se(deltas)
-    S = deltas.size
-    if S > 1:
-        half = float(stdtrit(S - 1, 0.5 + level / 2.0)) * se
-        lo, hi = mean - half, mean + half
-    else:
-        lo = hi = float("nan")
+    mean, se, lo, hi = t_interval(deltas, level)
     return PairedDiff(
-        n=S,
+        n=deltas.size,
         mean=mean,
         se=se,
         n_negative=int(np.count_nonzero(deltas < 0.0)),
@@ -123,13 +156,38 @@ def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Paired
 
 @dataclass(frozen=True)
 class BootstrapCI:
-    """Point estimate ``stat(values)`` and its percentile-bootstrap interval."""
+    """Point estimate ``stat(values)`` and its bootstrap interval (``method``, module doc)."""
 
     estimate: float
     ci_low: float
     ci_high: float
     B: int
     level: float
+    method: str = BOOTSTRAP_METHODS[0]
+
+
+def bootstrap_interval(
+    draws: ArrayLike, estimate: float, level: float = 0.95, method: str = BOOTSTRAP_METHODS[0]
+) -> tuple[float, float]:
+    """``(low, high)`` from bootstrap values ``draws`` of a statistic whose full-sample
+    value is ``estimate`` (module doc): ``centred`` (contains ``estimate`` whenever it is
+    finite) or ``percentile``. Non-finite draws (a resample on which the statistic is
+    undefined) are left out; with none left, or a non-finite centred estimate, NaN."""
+    level = _check_level(level)
+    if method not in BOOTSTRAP_METHODS:
+        raise ValueError(f"method must be one of {', '.join(BOOTSTRAP_METHODS)}; got {method!r}")
+    v = np.asarray(draws, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return float("nan"), float("nan")
+    alpha = (1.0 - level) / 2.0
+    lo, mid, hi = np.quantile(v, [alpha, 0.5, 1.0 - alpha])
+    if method == "percentile":
+        return float(lo), float(hi)
+    # estimate - (Q_1/2 - Q_lo) <= estimate <= estimate + (Q_hi - Q_1/2) holds in floating
+    # point too (subtracting / adding a non-negative number rounds monotonically)
+    est = float(estimate)  # non-finite: a NaN interval
+    return est - float(mid - lo), est + float(hi - mid)
 
 
 def bootstrap_ci(
@@ -138,14 +196,16 @@ def bootstrap_ci(
     B: int = 2000,
     seed: int = 0,
     level: float = 0.95,
+    method: str = BOOTSTRAP_METHODS[0],
 ) -> BootstrapCI:
-    """Percentile bootstrap interval for ``stat(values)`` (SPEC §6: B = 2000 resamples).
+    """Bootstrap interval for ``stat(values)`` (SPEC §6: B = 2000 resamples; module doc).
 
     Draws a [B, n] matrix of indices uniformly with replacement from
     ``np.random.default_rng(seed)``, evaluates ``stat(resamples, axis=-1)`` once on the
     stacked resamples (``stat`` must reduce along an ``axis`` keyword, as numpy
-    reductions do), and returns the (1-level)/2 and (1+level)/2 quantiles of the B
-    bootstrap values. Deterministic given ``seed``.
+    reductions do), and turns the B bootstrap values into an interval with
+    ``bootstrap_interval`` (``centred`` by default: it always contains the estimate).
+    Deterministic given ``seed``.
     """
     level = _check_level(level)
     if int(B) < 1:
@@ -155,10 +215,10 @@ def bootstrap_ci(
     boot = np.asarray(stat(v[idx], axis=-1), dtype=np.float64)
     if boot.shape != (int(B),):
         raise ValueError(f"stat must reduce each resample to a scalar; got shape {boot.shape}")
-    alpha = (1.0 - level) / 2.0
-    lo, hi = np.quantile(boot, [alpha, 1.0 - alpha])
+    estimate = float(stat(v))
+    lo, hi = bootstrap_interval(boot, estimate, level, method)
     return BootstrapCI(
-        estimate=float(stat(v)), ci_low=float(lo), ci_high=float(hi), B=int(B), level=level
+        estimate=estimate, ci_low=lo, ci_high=hi, B=int(B), level=level, method=method
     )
 
 
@@ -169,15 +229,16 @@ def paired_bootstrap_ci(
     B: int = 2000,
     seed: int = 0,
     level: float = 0.95,
+    method: str = BOOTSTRAP_METHODS[0],
 ) -> BootstrapCI:
-    """Percentile bootstrap interval for ``stat(a - b)`` on paired samples.
+    """Bootstrap interval for ``stat(a - b)`` on paired samples (``method`` as ``bootstrap_ci``).
 
     Pairs (a_i, b_i) are resampled jointly, which is exactly bootstrapping the
     differences d_i = a_i - b_i; with the default ``stat = np.mean`` this is the interval
     for the mean difference. Unequal lengths raise ValueError.
     """
     x, y = _as_pair(a, b)
-    return bootstrap_ci(x - y, stat=stat, B=B, seed=seed, level=level)
+    return bootstrap_ci(x - y, stat=stat, B=B, seed=seed, level=level, method=method)
 
 
 def paired_t_power(delta: float, sd: float, seeds: int, alpha: float = 0.05) -> float:
@@ -194,7 +255,14 @@ def paired_t_power(delta: float, sd: float, seeds: int, alpha: float = 0.05) -> 
     df = seeds - 1
     nc = abs(delta) * np.sqrt(seeds) / sd
     crit = float(stdtrit(df, 1.0 - alpha / 2.0))
-    return float(1.0 - nctdtr(df, nc, crit) + nctdtr(df, nc, -crit))
+    return float(1.0 - _nct_cdf(df, nc, crit) + _nct_cdf(df, nc, -crit))
+
+
+def _nct_cdf(df: int, nc: float, x: float) -> float:
+    """P(T <= x) for T ~ noncentral t(df, nc); scipy's NaN at an underflowing tail below
+    the noncentrality (x < nc) is read as 0 (module doc), any other NaN stays NaN."""
+    value = float(nctdtr(df, nc, x))
+    return 0.0 if np.isnan(value) and x < nc else value
 
 
 def seeds_needed(

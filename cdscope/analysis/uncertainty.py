@@ -10,7 +10,8 @@ samples i = 1..n_m, log pi_i, d log pi_i / d g and F_i.
   ``gram_negative_mass``.
 * ``bootstrap_intervals``: within a seed, resample each family's samples with replacement
   (whole samples: log pi_i, d log pi_i / d g and F_i together), recompute l_m, C, F and
-  every measure on each of B resamples, and report the percentile interval. l_m is
+  every measure on each of B resamples, and report the percentile interval (given the
+  full-sample values: centred on them, ``stats.bootstrap_interval``). l_m is
   recomputed per resample, so the interval includes the normaliser's noise. Bootstrap
   intervals at n = 2..3 are crude (a resample of 3 samples has at most 3 distinct values
   per family); they are a floor on the within-seed uncertainty, not a calibrated 95 %.
@@ -31,9 +32,13 @@ import numpy as np
 import pandas as pd
 
 from cdscope.analysis.noise import gram_measures, unbiased_gram
+from cdscope.analysis.stats import bootstrap_interval
 
-#: (families, C, F) -> {name: value}; the audit engine's measure functions
-MeasureFn = Callable[[list[str], np.ndarray, np.ndarray], dict[str, float]]
+#: a measure's name, (name, family) for a measure of one family, or (name, family,
+#: family_b) for one of a pair (the audit tables' tidy columns)
+MeasureKey = str | tuple[str, ...]
+#: (families, C, F) -> {key: value}; the audit engine's measure functions
+MeasureFn = Callable[[list[str], np.ndarray, np.ndarray], dict[MeasureKey, float]]
 
 CORRECTED = {
     "B_shared": "B_shared_C_unbiased",
@@ -100,10 +105,15 @@ def bootstrap_intervals(
     B: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-) -> dict[str, tuple[float, float]]:
-    """Percentile-bootstrap interval of every measure over resampled probe samples (module doc).
+    estimates: dict[MeasureKey, float] | None = None,
+) -> dict[MeasureKey, tuple[float, float]]:
+    """Bootstrap interval of every measure over resampled probe samples (module doc).
 
-    Returns {measure: (low, high)} for ``measures``' outputs and the ``corrected`` names.
+    Returns {measure: (low, high)} for ``measures``' outputs and the ``corrected`` names:
+    the percentile interval, or with ``estimates`` (each measure's full-sample value) the
+    percentile interval centred on that value (``stats.bootstrap_interval``), which
+    always contains it — at n = 3 per family the resampled values of B_shared can lie
+    almost all on one side of the estimate, and the percentile interval then misses it.
     A resample on which a measure is undefined (e.g. an all-zero row) counts as NaN and
     is left out of that measure's quantiles; an interval with no finite value is NaN.
     The resamples are drawn first (family by family) and then evaluated in chunks whose
@@ -113,7 +123,7 @@ def bootstrap_intervals(
     indices = [rng.integers(0, len(s.logp), size=(B, len(s.logp))) for s in sets]
     K = sets[0].dlogp.shape[1]  # noqa: N806
     chunk = max(1, _CHUNK_ELEMENTS // (K * sum(len(s.logp) + 2 for s in sets)))
-    draws: dict[str, list[float]] = {}
+    draws: dict[MeasureKey, list[float]] = {}
     for first in range(0, B, chunk):
         C, F, cs = _resampled(sets, [idx[first : first + chunk] for idx in indices])
         for b in range(C.shape[0]):
@@ -127,14 +137,11 @@ def bootstrap_intervals(
             for key, arr in gram_measures(unbiased_gram(cs)).items():
                 if CORRECTED[key] in corrected:
                     draws.setdefault(CORRECTED[key], []).extend(arr)
-    alpha = (1.0 - level) / 2.0
-    out = {}
-    for name, values in draws.items():
-        v = np.asarray(values, dtype=np.float64)
-        v = v[np.isfinite(v)]
-        lo, hi = np.quantile(v, [alpha, 1.0 - alpha]) if v.size else (np.nan, np.nan)
-        out[name] = (float(lo), float(hi))
-    return out
+    method = "percentile" if estimates is None else "centred"
+    return {
+        name: bootstrap_interval(values, (estimates or {}).get(name, np.nan), level, method)
+        for name, values in draws.items()
+    }
 
 
 def _leading(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,9 @@ from cdscope.cli import (  # noqa: F401 - registers the commands
     evaluate,
     inspect,
     measure,
+    models,
     nsweep,
+    report,
     train,
 )
 from cdscope.cli.common import app

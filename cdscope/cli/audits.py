@@ -35,6 +35,7 @@ from cdscope.cli.common import (
     models_or_embedded,
     out_console,
     print_json,
+    refuse_with_from,
     resume_arg,
     user_errors,
 )
@@ -79,9 +80,11 @@ def _run_audit_command(
     bootstrap: int = 1000,
     detect: float = 5.0,
     granularity: str | None = None,
+    fail_above: float | None = None,
 ):
     """Shared body of bshared / acg / decompose: measure or read, summarise, write, render."""
-    from cdscope.commands.audit import AUDITS, run_audit, sibling
+    from cdscope.commands.audit import AUDITS, sibling
+    from cdscope.commands.audit_run import run_audit
     from cdscope.io import check_plot_path, check_writable
     from cdscope.output.frames import ProbeSettings
 
@@ -122,6 +125,8 @@ def _run_audit_command(
         explicit,
         bootstrap,
         detect / 100,
+        plot,
+        fail_above,
     )
     outputs = {
         "per_seed": str(target),
@@ -184,11 +189,12 @@ FailAboveOpt = Annotated[
         help="CI gate: exit 1 if a model's mean B_shared(C) exceeds PCT percent.",
     ),
 ]
-#: the placement options, in model_options' order
-MODEL_KEYS = (
-    "device", "dtype", "attn", "device_map", "max_memory", "offload_dir", "revision",
-    "trust_remote_code",
-)  # fmt: skip
+#: the placement options, in model_options' order, with their defaults
+MODEL_DEFAULTS = {
+    "device": "auto", "dtype": "auto", "attn": "auto", "device_map": None, "max_memory": None,
+    "offload_dir": None, "revision": None, "trust_remote_code": False,
+}  # fmt: skip
+MODEL_KEYS = tuple(MODEL_DEFAULTS)
 
 
 def _audit_parameters(command: str, gate: bool) -> list[inspect.Parameter]:
@@ -205,10 +211,11 @@ def _audit_parameters(command: str, gate: bool) -> list[inspect.Parameter]:
         ("as_json", JsonOpt, False), *([("fail_above", FailAboveOpt, None)] if gate else []),
         ("from_path", FromOpt, None), ("resume", ResumeOpt, False),
         ("recompute", RecomputeOpt, False), ("batch_size", BatchOpt, None),
-        ("granularity", GranularityOpt, None), ("device", DeviceOpt, "auto"),
-        ("dtype", DtypeOpt, "auto"), ("attn", AttnOpt, "auto"), ("device_map", DeviceMapOpt, None),
-        ("max_memory", MaxMemoryOpt, None), ("offload_dir", OffloadDirOpt, None),
-        ("revision", RevisionOpt, None), ("trust_remote_code", TrustRemoteCodeOpt, False),
+        ("granularity", GranularityOpt, None), ("device", DeviceOpt, MODEL_DEFAULTS["device"]),
+        ("dtype", DtypeOpt, MODEL_DEFAULTS["dtype"]), ("attn", AttnOpt, MODEL_DEFAULTS["attn"]),
+        ("device_map", DeviceMapOpt, None), ("max_memory", MaxMemoryOpt, None),
+        ("offload_dir", OffloadDirOpt, None), ("revision", RevisionOpt, None),
+        ("trust_remote_code", TrustRemoteCodeOpt, False),
         ("bootstrap", BootstrapOpt, 1000), ("detect", DetectOpt, 5.0),
     ]  # fmt: skip
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -220,28 +227,22 @@ def _register_audit_command(command: str, doc: str, gate: bool = False) -> None:
     (``gate``) also takes --fail-above and exits 1 when a model's mean B_shared(C) is above."""
 
     def audit_command(**values: object) -> None:
-        from cdscope.commands.audit_plot import draw_audit
+        from cdscope.commands.audit import exceeding
         from cdscope.errors import AuditFailed
 
         fail_above = values.pop("fail_above", None)
-        options = model_options(*(values.pop(key) for key in MODEL_KEYS))
+        model_values = {key: values.pop(key) for key in MODEL_KEYS}
+        if values["from_path"] is not None:
+            refuse_with_from(model_values, MODEL_DEFAULTS)
+        options = model_options(*model_values.values())
         resume = resume_arg(values.pop("resume"), values.pop("recompute"))
         spec, result, outputs = _run_audit_command(
-            command, options=options, resume=resume, **values
+            command, options=options, resume=resume, fail_above=fail_above, **values
         )
-        if values["plot"] is not None:
-            draw_audit(values["plot"], result)
         if not gate:
             _report(command, spec, result, outputs, values["as_json"])
             return
-        failed = []
-        if fail_above is not None:
-            means = result.summary[result.summary["measure"] == "B_shared_C"]
-            failed = [
-                f"{r.model} {100 * r.mean:.1f}%"
-                for r in means.itertuples()
-                if 100 * r.mean > fail_above
-            ]
+        failed = [] if fail_above is None else exceeding(result.summary, fail_above)
         extra = {"fail_above": fail_above, "failed": failed}
         _report(command, spec, result, outputs, values["as_json"], extra)
         if failed:

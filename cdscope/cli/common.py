@@ -24,14 +24,96 @@ from cdscope.errors import AuditFailed, CdscopeError
 from cdscope.messages import make_console, say, warn
 from cdscope.resources import EMBEDDED_NAME
 
+_ARGV = "cdscope.argv"  # ctx.meta key: the arguments as typed (after the root options)
+
+
+def _base(name: str) -> type[Exception]:
+    """Click's exception class ``name`` as this Typer uses it (its own copy of click in
+    Typer >= 0.25, click itself before): found on the MRO of the public BadParameter."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+ClickException, UsageError = _base("ClickException"), _base("UsageError")
+
+
+class UsageLine(UsageError):  # type: ignore[misc,valid-type]
+    """A usage error (a value Click/Typer rejected, an unknown option or command) shown as
+    cdscope's one ``error:`` line with the value as typed; exit 2. Under a launcher only
+    rank 0 prints it (every rank parses the same command line)."""
+
+    def show(self, file: object = None) -> None:
+        from cdscope.distributed import is_main_process
+
+        if not is_main_process():
+            return
+        quiet, err_console.quiet = err_console.quiet, False
+        say(err_console, ("error:", "bold red"), " ", self.message)
+        err_console.quiet = quiet
+
+
+def typed_value(args: list[str], param: object) -> str | None:
+    """The value given for ``param`` on the command line (the last one, as Click takes
+    it): ``--seeds 0``, ``--seeds=0`` and ``-s0`` all give ``'0'``."""
+    found = None
+    names = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found = args[i + 1]
+            elif name.startswith("--") and arg.startswith(name + "="):
+                found = arg[len(name) + 1 :]
+            elif not name.startswith("--") and arg.startswith(name) and len(arg) > len(name):
+                found = arg[len(name) :]
+    return found
+
+
+def usage_line(exc: Exception, args: list[str]) -> UsageLine:
+    """``exc`` as one line: the option, the value as typed and Click's reason, then where
+    the options are listed (``cdscope probe --help``)."""
+    ctx = getattr(exc, "ctx", None)
+    command = args[0] if args and not args[0].startswith("-") else ""
+    path = ctx.command_path if ctx is not None else f"cdscope {command}".strip()
+    see = f"see '{path} --help'"
+    param = getattr(exc, "param", None)
+    if isinstance(exc, typer.BadParameter) and type(exc).__name__ != "MissingParameter" and param:
+        name = max(param.opts, key=len) if param.opts else param.human_readable_name
+        value = typed_value(args, param)
+        reason = exc.message[:1].lower() + exc.message[1:] if exc.message else "invalid value"
+        shown = f"{name} {value!r}" if value is not None else name
+        return UsageLine(f"{shown}: {reason.rstrip('.')}; {see}", ctx)
+    text = exc.format_message().strip()
+    return UsageLine(f"{text[:1].lower() + text[1:]}".rstrip(".") + f"; {see}", ctx)
+
 
 class _Group(TyperGroup):
     """Reads ``--resume=recompute`` as ``--resume --recompute`` (and ``--resume=keep`` as
-    ``--resume``): Typer's options cannot take an optional value."""
+    ``--resume``): Typer's options cannot take an optional value. Every usage error of
+    the root or a command becomes one ``UsageLine``."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         spelled = {"--resume=recompute": ["--resume", "--recompute"], "--resume=keep": ["--resume"]}
-        return super().parse_args(ctx, [a for arg in args for a in spelled.get(arg, [arg])])
+        args = [a for arg in args for a in spelled.get(arg, [arg])]
+        ctx.meta[_ARGV] = list(args)
+        try:
+            return super().parse_args(ctx, args)
+        except ClickException as exc:
+            raise _one_line(exc, args) from None
+
+    def invoke(self, ctx: typer.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except ClickException as exc:
+            raise _one_line(exc, ctx.meta.get(_ARGV, [])) from None
+
+
+def _one_line(exc: Exception, args: list[str]) -> Exception:
+    """``usage_line(exc)``, except for what is already one line and the help that a bare
+    ``cdscope`` prints (Click's NoArgsIsHelpError)."""
+    if isinstance(exc, UsageLine) or type(exc).__name__ == "NoArgsIsHelpError":
+        return exc
+    return usage_line(exc, args)
 
 
 app = typer.Typer(
@@ -91,6 +173,8 @@ def _quiet_libraries() -> None:
     """Keep library chatter (weight-loading bars, advisory warnings) off the terminal."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # hub retries and notices: --verbose
+    os.environ.setdefault("TQDM_DISABLE", "1")  # library bars (GGUF dequantising): --verbose
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
@@ -119,6 +203,14 @@ ProbeOpt = Annotated[
         "--probe",
         "-p",
         help="Probe pool JSONL file(s) (default: the shipped math/code/logic pools).",
+    ),
+]
+TaskColumnsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--task-columns",
+        help="Column mapping for --tasks in other schemas: a schema (gsm8k, math, humaneval, "
+        "mbpp) and/or field=column items, e.g. 'prompt=q,answer=a,verifier=math' (docs/tasks.md).",
     ),
 ]
 TemplateOpt = Annotated[
@@ -232,6 +324,8 @@ def _root(
     err_console.quiet = quiet
     if verbose:  # before _quiet_libraries' setdefaults, which then keep these
         os.environ["TRANSFORMERS_VERBOSITY"] = "info"
+        os.environ["HF_HUB_VERBOSITY"] = "info"
+        os.environ.setdefault("TQDM_DISABLE", "")  # empty: tqdm's bars on (unless the user said)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
 
 
@@ -256,6 +350,23 @@ def model_options(
     return ModelOptions(
         device, dtype, attn, placement, revision=revision, trust_remote_code=trust_remote_code
     )
+
+
+def refuse_with_from(given: dict[str, object], defaults: dict[str, object]) -> None:
+    """``--from`` reads numbers measured earlier (their model, device and dtype are in that
+    file): an option about loading or measuring a model would be silently ignored, so one
+    given with another value than its default is refused by name, as typed."""
+    changed = [
+        f"--{key.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
+        for key, value in given.items()
+        if value != defaults.get(key) and value not in (None, [], ())
+    ]
+    if changed:
+        raise CdscopeError(
+            f"{', '.join(changed)} does not apply to --from, which reads measurements made "
+            "earlier (their model, device and dtype are in that file): drop it, or measure "
+            "again without --from"
+        )
 
 
 def models_or_embedded(model: list[str] | None) -> list[str]:
@@ -324,20 +435,20 @@ TrustRemoteCodeOpt = Annotated[
 
 
 def print_json(command: str, tables: dict[str, object], **extra: object) -> None:
-    """``--json``: one JSON object on stdout; each DataFrame becomes a list of row records."""
+    """``--json``: one strict JSON object on stdout (RFC 8259: what ``JSON.parse``, ``jq``
+    and every strict parser accept); each DataFrame becomes a list of row records.
+
+    Non-finite numbers (NaN, ±inf: a standard error from one seed, a measure that is
+    undefined for a run) are written as ``null``, as are pandas' missing values; numpy
+    scalars and arrays become numbers and lists, anything else its ``str``
+    (``cdscope.schemas.strict_json``)."""
     import json
+
+    from cdscope.schemas import strict_json
 
     payload: dict[str, object] = {"command": command}
     for name, table in tables.items():
         to_dict = getattr(table, "to_dict", None)
         payload[name] = to_dict(orient="records") if to_dict else table
     payload.update(extra)
-    typer.echo(json.dumps(payload, default=_jsonable, allow_nan=True))
-
-
-def _jsonable(value: object) -> object:
-    """numpy scalars and arrays, paths, timestamps: as JSON numbers, lists and strings."""
-    for method in ("item", "tolist"):
-        if hasattr(value, method):
-            return getattr(value, method)()
-    return str(value)
+    typer.echo(json.dumps(strict_json(payload), allow_nan=False))

@@ -82,11 +82,17 @@ def eap_info(
     max_tokens: Annotated[
         int,
         typer.Option(
-            "--max-tokens", min=1, help="Skip (and count) samples whose prompt + answer is longer."
+            "--max-tokens",
+            min=1,
+            max=COUNT_MAX,
+            help="Skip (and count) samples whose prompt + answer is longer.",
         ),
     ] = EapSettings.max_tokens,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", min=1, help="Greedy generation bound per answer.")
+        int,
+        typer.Option(
+            "--max-new-tokens", min=1, max=COUNT_MAX, help="Greedy generation bound per answer."
+        ),
     ] = EapSettings.max_new_tokens,
     batch_size: BatchOpt = None,
     device: DeviceOpt = "auto",
@@ -106,7 +112,7 @@ def eap_info(
     of the answer tokens. Reports means with bootstrap 95% intervals (B = 2000) and, with
     --baseline, paired differences model - baseline.
     """
-    from cdscope.commands.eap_info import run_eap_info, write_eap_outputs
+    from cdscope.commands.eap_info import eap_outputs, run_eap_info, write_eap_outputs
     from cdscope.core.probes import load_pool
     from cdscope.io import check_plot_path, check_writable
     from cdscope.output.render import eap_summary_table
@@ -118,12 +124,9 @@ def eap_info(
     target = check_writable(out)
     if plot is not None:
         check_plot_path(plot)
-    result = run_eap_info(model, baseline, load_pool(probe), settings, options, err_console)
-    if plot is not None:  # first: a failing figure leaves no Parquet behind
-        from cdscope.output.plots import plot_eap
-
-        plot_eap(plot, result.graph, result.edges, result.per_sample, result.summary)
-    outputs = write_eap_outputs(result, target) | ({"plot": plot} if plot is not None else {})
+    with eap_outputs(target, plot) as files:  # locked before the work, written as one set
+        result = run_eap_info(model, baseline, load_pool(probe), settings, options, err_console)
+        outputs = write_eap_outputs(result, target, plot, files)
     if as_json:
         tables = {"summary": result.summary, "paired": result.paired}
         print_json("eap-info", tables, counts=result.metadata["counts"], outputs=outputs)

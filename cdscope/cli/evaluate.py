@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
-from rich.table import Table
 
 from cdscope.cli.common import (
     AttnOpt,
@@ -21,6 +19,7 @@ from cdscope.cli.common import (
     RecomputeOpt,
     ResumeOpt,
     RevisionOpt,
+    TaskColumnsOpt,
     TrustRemoteCodeOpt,
     app,
     err_console,
@@ -36,6 +35,10 @@ from cdscope.errors import CdscopeError
 from cdscope.messages import VerbatimTable, wrote
 from cdscope.resources import EMBEDDED_NAME
 from cdscope.settings import DEFAULT_MAX_NEW_TOKENS, EvalSettings
+
+if TYPE_CHECKING:  # pandas loads with the workflow, not for --help
+    import pandas as pd
+    from rich.table import Table
 
 
 def parse_ks(text: str) -> list[int]:
@@ -66,58 +69,17 @@ def parse_max_new_tokens(text: str | None) -> dict[str, int]:
         raise CdscopeError(
             f"--max-new-tokens takes N or DOMAIN=N,... (e.g. 128 or code=256,logic=192); got {text!r}"
         ) from None
-    if any(v < 1 for v in out.values()):
-        raise CdscopeError(f"--max-new-tokens values must be >= 1; got {text!r}")
+    if any(not 1 <= v <= COUNT_MAX for v in out.values()):
+        raise CdscopeError(
+            f"--max-new-tokens values must lie in [1, {COUNT_MAX:,}] (tokens per completion); "
+            f"got {text!r}"
+        )
     return out
 
 
-def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
-    """One row per (scope, model): each domain's benchmarks, then the domain mean, then
-    overall (and the same for the hard subset); one column per k, in percent."""
-    models = models or list(dict.fromkeys(passk["model"]))
-    ks = sorted(passk["k"].unique())
-    table = VerbatimTable(title="pass@k (%, unbiased estimator)", title_justify="left")
-    table.add_column("scope", no_wrap=True)
-    if len(models) > 1:
-        table.add_column("model", no_wrap=True)
-    table.add_column("problems", justify="right")
-    for k in ks:
-        table.add_column(f"pass@{k}", justify="right")
-    wide = passk.pivot_table(
-        index=["subset", "level", "domain", "benchmark", "model"],
-        columns="k",
-        values="pass_at_k",
-        aggfunc="first",
-    )
-    problems = passk.groupby(["subset", "level", "domain", "benchmark", "model"])["problems"].max()
-    for subset in [s for s in ("all", "hard") if s in set(passk["subset"])]:
-        rows = passk[passk["subset"] == subset]
-        order = []
-        for domain in sorted(set(rows.loc[rows["level"] == "domain", "domain"])):
-            benches = sorted(
-                set(
-                    rows.loc[
-                        (rows["level"] == "benchmark") & (rows["domain"] == domain), "benchmark"
-                    ]
-                )
-            )
-            order += [("benchmark", domain, b) for b in benches] + [("domain", domain, "")]
-        order.append(("overall", "", ""))
-        prefix = "hard: " if subset == "hard" else ""
-        for level, domain, bench in order:
-            scope = bench if level == "benchmark" else (f"{domain} (mean)" if domain else "overall")
-            for model in models:
-                key = (subset, level, domain, bench, model)
-                if key not in wide.index:
-                    continue
-                cells = [f"{100 * wide.loc[key, k]:.1f}" for k in ks]
-                head = [prefix + scope] + ([model] if len(models) > 1 else [])
-                style = None if level == "benchmark" else "bold"
-                table.add_row(*head, str(int(problems[key])), *cells, style=style)
-    return table
-
-
 def stats_table(stats: pd.DataFrame) -> Table:
+    import pandas as pd
+
     table = VerbatimTable(title="generation and verification", title_justify="left")
     for name in (
         "model",
@@ -160,8 +122,13 @@ def eval_command(
     ] = None,
     tasks: Annotated[
         list[Path] | None,
-        typer.Option("--tasks", help="Task JSONL file(s) (default: the shipped eval sets)."),
+        typer.Option(
+            "--tasks",
+            help="Task file(s): JSONL, Parquet or a datasets save_to_disk folder, in cdscope's "
+            "format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped eval sets).",
+        ),
     ] = None,
+    task_columns: TaskColumnsOpt = None,
     n: Annotated[
         int, typer.Option("--n", min=1, max=COUNT_MAX, help="Samples per problem.")
     ] = EvalSettings.n,
@@ -245,7 +212,7 @@ def eval_command(
     overall (mean of domains), plus the --hard subset. Writes OUT/samples.parquet (one
     row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
     """
-    from cdscope.commands.evaluate import check_backend, evaluate, read_hard_ids
+    from cdscope.commands.evaluate import check_backend, eval_outputs, evaluate, read_hard_ids
     from cdscope.io import check_plot_path, check_writable
     from cdscope.tasks import default_task_paths, load_tasks
 
@@ -254,7 +221,7 @@ def eval_command(
     )
     resume_with = resume_arg(resume, recompute)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
-    loaded_tasks = load_tasks(task_paths)
+    loaded_tasks = load_tasks(task_paths, columns=task_columns)
     token_caps = parse_max_new_tokens(max_new_tokens)
     unknown = sorted(set(token_caps) - {"*"} - {t.family for t in loaded_tasks})
     if unknown:
@@ -287,40 +254,45 @@ def eval_command(
     hard_ids = read_hard_ids(hard, loaded_tasks) if hard else None
     tables: dict[str, pd.DataFrame] = {}  # --json: one object with every table shown
     outputs: dict[str, str] = {}
+    with eval_outputs(out, run_models, audit, plot) as files:  # locked now, committed together
+        if audit:
+            from cdscope.commands.evaluate import contamination_audit
+
+            frame, target = contamination_audit(
+                loaded_tasks, task_paths, audit_train, audit_probe, out, files
+            )
+            tables["contamination"], outputs["contamination"] = frame, str(target)
+        if run_models:
+            result = evaluate(
+                models_or_embedded(model), loaded_tasks, settings, out, options, resume_with,
+                hard_ids, err_console, files,
+            )  # fmt: skip
+            if plot is not None:
+                from cdscope.output.plots import plot_passk
+
+                plot_passk(
+                    files.path(plot), result.passk, list(dict.fromkeys(models_or_embedded(model)))
+                )
     if audit:
-        from cdscope.commands.evaluate import contamination_audit
         from cdscope.output.render import contamination_table
 
-        frame, target = contamination_audit(loaded_tasks, task_paths, audit_train, audit_probe, out)
-        tables["contamination"], outputs["contamination"] = frame, str(target)
         if not as_json:
-            out_console.print(contamination_table(frame))
-        wrote(err_console, str(target))
+            out_console.print(contamination_table(tables["contamination"]))
+        wrote(err_console, outputs["contamination"])
     if not run_models:
         if as_json:
             print_json("eval", tables, outputs=outputs)
         return
-    result = evaluate(
-        models_or_embedded(model),
-        loaded_tasks,
-        settings,
-        out,
-        options,
-        resume_with,
-        hard_ids,
-        err_console,
-    )
     if as_json:
         tables |= {"passk": result.passk, "stats": result.stats}
         outputs |= {"samples": str(out / "samples.parquet"), "passk": str(out / "passk.parquet")}
         print_json("eval", tables, outputs=outputs)
     else:
+        from cdscope.output.render_runs import passk_table
+
         out_console.print(passk_table(result.passk, list(dict.fromkeys(models_or_embedded(model)))))
         out_console.print(stats_table(result.stats))
     if plot is not None:
-        from cdscope.output.plots import plot_passk
-
-        plot_passk(plot, result.passk, list(dict.fromkeys(models_or_embedded(model))))
         wrote(err_console, str(plot))
     wrote(
         err_console,

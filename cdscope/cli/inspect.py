@@ -31,7 +31,9 @@ def inspect(
 
     record = run_inspect(model, device, dtype, attn, trust_remote_code)
     if as_json:
-        typer.echo(json.dumps(record, indent=2))
+        from cdscope.schemas import strict_json
+
+        typer.echo(json.dumps(strict_json(record), indent=2, allow_nan=False))
         return
     table = VerbatimTable(title=f"{record['model']} ({record['model_type']}): K = {record['K']}")
     for column in ("layer", "gate", "role", "module (gate site)", "reads", "eap paths", "notes"):

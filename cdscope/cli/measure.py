@@ -38,9 +38,8 @@ from cdscope.cli.common import (
 from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
-from cdscope.output.frames import ProbeSettings  # light (no torch): the probe defaults live there
 from cdscope.resources import EMBEDDED_NAME
-from cdscope.settings import GradcheckSettings
+from cdscope.settings import GradcheckSettings, ProbeSettings
 
 
 @app.command()

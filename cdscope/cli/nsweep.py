@@ -24,6 +24,8 @@ from cdscope.cli.common import (
     err_console,
     models_or_embedded,
     out_console,
+    print_json,
+    refuse_with_from,
     user_errors,
 )
 from cdscope.errors import CdscopeError
@@ -59,7 +61,6 @@ def nsweep(
     every smaller n from nested subsets of it (docs/nsweep.md); plain B_shared falls
     towards 1/M at small n, the corrected one (unbiased Gram, n >= 2) much less.
     """
-    import json
 
     from cdscope.commands.audit import sibling
     from cdscope.commands.nsweep import parse_ns, run_nsweep
@@ -73,29 +74,23 @@ def nsweep(
         check_plot_path(plot)
     if from_path is not None and resume:
         raise CdscopeError("--resume continues a measurement; it does not apply to --from")
+    if from_path is not None:
+        given = {"probe": probe, "batch_size": batch_size, "device": device, "dtype": dtype,
+                 "attn": attn}  # fmt: skip
+        refuse_with_from(given, {"device": "auto", "dtype": "auto", "attn": "auto"})
     settings = ProbeSettings(tuple(range(seeds)), max(sizes), template, "autograd", batch_size)
     result = run_nsweep(
         target, sizes, models_or_embedded(model) if from_path is None else model, from_path, settings,
-        probe, ModelOptions(device, dtype, attn), resume, err_console,
+        probe, ModelOptions(device, dtype, attn), resume, err_console, plot,
     )  # fmt: skip
     outputs = {"per_seed": str(target), "summary": str(sibling(target, "summary"))}
     if from_path is None:
         outputs["probe"] = str(sibling(target, "probe"))
     if plot is not None:
-        from cdscope.output.plots_noise import plot_nsweep
-
-        M = len(result.metadata["probe"].get("families") or [])  # noqa: N806
-        plot_nsweep(plot, result.per_seed, result.summary, M or 2)
         outputs["plot"] = str(plot)
     if as_json:
-        payload = {
-            "command": "nsweep",
-            "ns": list(sizes),
-            "summary": result.summary.to_dict(orient="records"),
-            "per_seed": result.per_seed.to_dict(orient="records"),
-            "outputs": outputs,
-        }
-        typer.echo(json.dumps(payload, default=float, allow_nan=True))
+        tables = {"summary": result.summary, "per_seed": result.per_seed}
+        print_json("nsweep", tables, ns=list(sizes), outputs=outputs)
     else:
         out_console.print(nsweep_table(result.summary))
     for name, path in outputs.items():

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import typer
 
-from cdscope.finite import COUNT_MAX, SEED_MAX
+from cdscope.settings import COUNT_MAX, SEED_MAX
 
 __all__ = ["COUNT_MAX", "SEED_MAX", "finite"]
 

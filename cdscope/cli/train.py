@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from cdscope.cli.common import (
     JsonOpt,
     ProbeOpt,
+    TaskColumnsOpt,
     app,
     err_console,
     out_console,
@@ -18,10 +19,6 @@ from cdscope.cli.common import (
 )
 from cdscope.messages import wrote
 from cdscope.train.config import cli_fields
-
-if TYPE_CHECKING:
-    import pandas as pd
-    from rich.table import Table
 
 
 def _opt(name: str) -> Any:
@@ -77,9 +74,13 @@ def train(
     tasks: Annotated[
         list[Path] | None,
         typer.Option(
-            "--tasks", help="Training task JSONL file(s) (default: the shipped train sets)."
+            "--tasks",
+            help="Training task file(s): JSONL, Parquet or a datasets save_to_disk folder, in "
+            "cdscope's format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped "
+            "train sets).",
         ),
     ] = None,
+    task_columns: TaskColumnsOpt = None,
     preset: Annotated[
         str | None,
         typer.Option(
@@ -87,6 +88,9 @@ def train(
         ),
     ] = None,
     backend: Annotated[Str, _opt("backend")] = None,
+    sharding: Annotated[Str, _opt("sharding")] = None,
+    activation_checkpointing: Annotated[bool | None, _opt("activation_checkpointing")] = None,
+    report_to: Annotated[Str, _opt("report_to")] = None,
     trl_arg: Annotated[
         list[str] | None,
         typer.Option(
@@ -109,6 +113,7 @@ def train(
     (--resume continues exactly); the final model is a Hugging Face folder OUT/final.
     """
     from cdscope.commands.train import run_train
+    from cdscope.tasks.readers import with_mapping
     from cdscope.train.config import TrainConfig
 
     given = locals()
@@ -117,7 +122,7 @@ def train(
     }  # unset options keep the preset's or TrainConfig's default
     explicit.update(
         out_dir=str(out_dir),
-        tasks=tuple(str(p) for p in tasks or ()),
+        tasks=tuple(with_mapping(p, task_columns) for p in tasks or ()),
         probe_files=tuple(str(p) for p in probe or ()),
     )
     if trl_arg:
@@ -130,6 +135,8 @@ def train(
             outputs["final"] = str(result.final_dir)
         print_json("train", {"log": result.log}, outputs=outputs)
     else:
+        from cdscope.output.render_runs import train_table
+
         out_console.print(train_table(result.log, cfg.regularizer))
     wrote(err_console, str(result.out_dir / "log.parquet"))
     if result.final_dir is not None:
@@ -152,26 +159,3 @@ def _key_values(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.strip()] = raw
     return out
-
-
-def train_table(log: pd.DataFrame, arm: str) -> Table:
-    """One row per step: rewards, loss, B_shared / R on the probe before -> after, timings."""
-    from cdscope.messages import VerbatimTable
-
-    table = VerbatimTable(title=f"cdscope train ({arm})")
-    rewards = [c for c in log.columns if c.startswith("reward_")]
-    for name in ["step", "reward", *rewards, "loss", "B_shared %", "R %", "proj", "seconds"]:
-        table.add_column(name, justify="right")
-    for row in log.itertuples(index=False):
-        r = row._asdict()
-        table.add_row(
-            str(r["step"]),
-            f"{r['reward']:.3f}",
-            *[f"{r[c]:.3f}" for c in rewards],
-            f"{r['loss']:+.4f}",
-            f"{100 * r['b_shared_before']:.2f} -> {100 * r['b_shared_after']:.2f}",
-            f"{100 * r['r_before']:.2f} -> {100 * r['r_after']:.2f}",
-            str(r["proj_iters"]),
-            f"{r['step_s']:.1f}",
-        )
-    return table

@@ -1,15 +1,23 @@
 """Shared engine of ``bshared``, ``acg`` and ``decompose`` (SPEC §3, §4).
 
 1. Obtain the probe frame (C, F, l_m per model, seed, family, gate): measure the
-   models (``collect_control``) or read an earlier ``probe`` Parquet (``--from``).
+   models (``collect_control``) or read an earlier ``probe`` Parquet (``--from``);
+   ``audit_run.run_audit`` does this and writes the outputs.
 2. Per (model, seed): evaluate the command's measures on the kept families' C and F.
 3. Over seeds: mean ± SE per model and measure; against the first model, same-seed
    paired differences Delta_s = value_model(s) - value_reference(s) with SE, the count
    of negative Delta_s and the 95% Student-t interval.
 
-Outputs: ``OUT`` (one row per model x seed x measure), ``OUT.summary.parquet`` (means
-and paired rows) and, when models were measured, ``OUT.probe.parquet`` (the raw probe
-frame, reusable with ``--from`` and ``--resume``).
+Outputs, written as one set (``cdscope.fileset``: all or nothing, one writer at a time):
+``OUT`` (one row per model x seed x measure), ``OUT.summary.parquet`` (means and paired
+rows), ``OUT.convergence.parquet``, the figure and, when models were measured,
+``OUT.probe.parquet`` (the raw probe frame, reusable with ``--from`` and ``--resume``).
+
+The tables are tidy (docs/api.md): a measure of one family (PR, top1%) names it in
+``family``, a measure of a family pair (abs_cos) in ``family`` and ``family_b``, and
+``value_unit`` says what ``value`` (and ``mean``, ``se``, ...) is in: ``fraction`` for every
+measure but the participation ratio, which is a number of ``gates`` (SPEC §3). ``per_seed_frame``
+is the one place the rows are built.
 
 Additions that leave the plain, paper-comparable numbers unchanged (docs/bshared.md):
 per (model, seed) the noise-corrected measures (``*_unbiased``, ``noise.unbiased_gram``)
@@ -21,6 +29,7 @@ These need the per-sample probe columns; an older probe file gets a one-line not
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,21 +42,21 @@ from cdscope.analysis import spectral
 from cdscope.analysis.stats import mean_se, paired_difference, seeds_needed
 from cdscope.analysis.uncertainty import (
     MeasureFn,
+    MeasureKey,
     bootstrap_intervals,
     corrected_measures,
     direction_stability,
 )
-from cdscope.commands.audit_inputs import check_probe_frame, read_probe_frame
-from cdscope.core.probes import load_pool
+from cdscope.commands.audit_inputs import check_probe_frame
 from cdscope.errors import CdscopeError
-from cdscope.io import run_metadata, write_parquet
+from cdscope.fileset import FileSet
+from cdscope.io import run_metadata
 from cdscope.messages import warn
 from cdscope.output.frames import (
-    ModelOptions,
-    ProbeSettings,
     control_matrices,
     sample_sets,
 )
+from cdscope.output.notebook import audit_html, audit_repr
 
 
 def bshared_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
@@ -63,19 +72,45 @@ def acg_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str,
 TOP_FRACTION = 0.01
 
 
-def decompose_measures(families: list[str], C: np.ndarray, F: np.ndarray) -> dict[str, float]:  # noqa: N803
-    values = {
+def decompose_measures(
+    families: list[str], C: np.ndarray, F: np.ndarray
+) -> dict[MeasureKey, float]:  # noqa: N803
+    values: dict[MeasureKey, float] = {
         "B_shared_C": float(spectral.b_shared(C)),
         "B_dir": float(spectral.b_dir(C)),
         "B_norm": float(spectral.b_norm(C)),
     }
     for a, b, cos in spectral.pairwise_abs_cos(C, families):
-        values[f"abs_cos[{a}|{b}]"] = cos
+        values["abs_cos", a, b] = cos
     for family, pr in zip(families, spectral.participation_ratio(C), strict=True):
-        values[f"PR[{family}]"] = float(pr)
+        values["PR", family] = float(pr)
     for family, share in zip(families, spectral.top_share(C, TOP_FRACTION), strict=True):
-        values[f"top1%[{family}]"] = float(share)  # the mass curve at 1 % of the gates
+        values["top1%", family] = float(share)  # the mass curve at 1 % of the gates
     return values
+
+
+#: what a measure's values are in: every audit measure is a fraction (a share of a trace
+#: or of sum |C|, a cosine, or a difference of shares) but the participation ratio, a
+#: number of gates in [1, K] (SPEC §3)
+UNITS = {"PR": "gates"}
+#: the columns that name one measured quantity in every audit table
+MEASURE_COLUMNS = ["measure", "family", "family_b", "value_unit"]
+PER_SEED_COLUMNS = ["model", "seed", *MEASURE_COLUMNS, "value", "ci_low", "ci_high"]
+
+
+def measure_columns(key: MeasureKey) -> dict[str, str | None]:
+    """A measure function's key -> the tidy columns: ``"B_dir"``, ``("PR", family)`` or
+    ``("abs_cos", family, family_b)``."""
+    name, family, family_b = (key, None, None) if isinstance(key, str) else (*key, None)[:3]
+    return {"measure": name, "family": family, "family_b": family_b,
+            "value_unit": UNITS.get(name, "fraction")}  # fmt: skip
+
+
+def _measure_groups(frame: pd.DataFrame, by: list[str]):  # noqa: ANN202
+    """``frame.groupby(by + MEASURE_COLUMNS)`` keeping the rows whose family is None,
+    each key with None (not NaN) for an absent family."""
+    for key, group in frame.groupby(by + MEASURE_COLUMNS, sort=False, dropna=False):
+        yield tuple(None if isinstance(k, float) and k != k else k for k in key), group
 
 
 @dataclass(frozen=True)
@@ -83,7 +118,7 @@ class AuditSpec:
     command: str
     measures: MeasureFn
     headline: str  # the measure --fail-above and plots look at first
-    k_dependent_prefixes: tuple[str, ...] = ()  # measures whose scale depends on K
+    k_dependent: tuple[str, ...] = ()  # measures whose scale depends on K
     corrected: tuple[str, ...] = ()  # noise-corrected measures added (uncertainty.CORRECTED)
 
 
@@ -99,7 +134,7 @@ AUDITS = {
         "decompose",
         decompose_measures,
         "B_shared_C",
-        ("PR[", "top1%["),
+        ("PR", "top1%"),
         ("B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"),
     ),
 }
@@ -113,16 +148,39 @@ class AuditResult:
     """One audit's tables, each in the schema of the Parquet file the CLI writes."""
 
     command: str  # bshared | acg | decompose
-    per_seed: pd.DataFrame  # model, seed, measure, value, ci_low, ci_high (bootstrap)
-    summary: pd.DataFrame  # model, measure, n_seeds, mean, se
-    paired: (
-        pd.DataFrame
-    )  # model, reference, measure, n, mean, se, n_negative, ci_*, sd, seeds_needed
+    # the tidy tables (module doc): the measure in measure / family / family_b / value_unit
+    per_seed: pd.DataFrame  # model, seed, <measure>, value, ci_low, ci_high (bootstrap)
+    summary: pd.DataFrame  # model, <measure>, n_seeds, mean, se
+    paired: pd.DataFrame  # model, reference, <measure>, n, mean, se, n_negative, ci_*, sd, ...
     metadata: dict
     probe_frame: pd.DataFrame
     skipped_pairs: list[str]
     convergence: pd.DataFrame  # model, seed, angle_deg, dk_bound_deg, eigengap, gate_angle_deg
     notes: list[str]
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The result's tables by attribute name."""
+        names = ("summary", "paired", "per_seed", "convergence", "probe_frame")
+        return {name: getattr(self, name) for name in names}
+
+    def __repr__(self) -> str:  # print(result): the headline per model, not 60 lines
+        return audit_repr(self.command, AUDITS[self.command].headline, self.tables())
+
+    def _repr_html_(self) -> str:
+        return audit_html(self.command, AUDITS[self.command].headline, self.tables())
+
+
+#: the measure ``--fail-above`` gates (bshared's CI gate, and ``cdscope report``'s verdict)
+GATED = "B_shared_C"
+
+
+def exceeding(summary: pd.DataFrame, fail_above: float) -> list[str]:
+    """The models whose mean B_shared(C) is above ``fail_above`` percent, as
+    'model 87.3%' (the verdict of ``--fail-above``; empty: passed)."""
+    means = summary[summary["measure"] == GATED]
+    return [
+        f"{r.model} {100 * r.mean:.1f}%" for r in means.itertuples() if 100 * r.mean > fail_above
+    ]
 
 
 def sibling(out: Path, suffix: str) -> Path:
@@ -164,16 +222,20 @@ def per_seed_frame(
                 notes.append("n = 1: the unbiased Gram needs n >= 2 samples per family")
             values |= corrected_measures(sets, spec.corrected)
             if bootstrap > 0:
-                intervals = bootstrap_intervals(
-                    families, sets, spec.measures, spec.corrected, bootstrap, int(seed)
-                )
-        for name, value in values.items():
-            lo, hi = intervals.get(name, (np.nan, np.nan))
+                intervals = bootstrap_intervals(  # centred on the values: contain them
+                    families, sets, spec.measures, spec.corrected, bootstrap, int(seed),
+                    estimates=values,
+                )  # fmt: skip
+        for key, value in values.items():
+            lo, hi = intervals.get(key, (np.nan, np.nan))
             rows.append(
-                {"model": model, "seed": int(seed), "measure": name, "value": value,
+                {"model": model, "seed": int(seed), **measure_columns(key), "value": value,
                  "ci_low": lo, "ci_high": hi}
             )  # fmt: skip
-    return pd.DataFrame(rows, columns=["model", "seed", "measure", "value", "ci_low", "ci_high"])
+    # the string dtype the Parquet file reads back as, so API and file frames are equal
+    return pd.DataFrame(rows, columns=PER_SEED_COLUMNS).astype(
+        {"family": "str", "family_b": "str"}
+    )
 
 
 def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:
@@ -194,12 +256,13 @@ def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:
 def summarize(per_seed: pd.DataFrame) -> pd.DataFrame:
     """Mean ± SE over seeds per (model, measure) (SPEC §4)."""
     rows = []
-    for (model, measure), group in per_seed.groupby(["model", "measure"], sort=False):
+    for key, group in _measure_groups(per_seed, ["model"]):
         mean, se = mean_se(group["value"].to_numpy())
         rows.append(
-            {"model": model, "measure": measure, "n_seeds": len(group), "mean": mean, "se": se}
-        )
-    return pd.DataFrame(rows, columns=["model", "measure", "n_seeds", "mean", "se"])
+            {**dict(zip(["model", *MEASURE_COLUMNS], key, strict=True)), "n_seeds": len(group),
+             "mean": mean, "se": se}
+        )  # fmt: skip
+    return pd.DataFrame(rows, columns=["model", *MEASURE_COLUMNS, "n_seeds", "mean", "se"])
 
 
 def paired_against_reference(
@@ -214,7 +277,7 @@ def paired_against_reference(
     columns = [
         "model",
         "reference",
-        "measure",
+        *MEASURE_COLUMNS,
         "n",
         "mean",
         "se",
@@ -227,12 +290,14 @@ def paired_against_reference(
     if len(models) < 2:
         return pd.DataFrame(columns=columns)
     reference, rows = models[0], []
-    wide = per_seed.pivot_table(index=["measure", "seed"], columns="model", values="value")
     for model in models[1:]:
-        for measure in per_seed["measure"].unique():
-            if skip(model, measure):
+        for key, group in _measure_groups(per_seed, []):
+            if skip(model, key[0]):
                 continue
-            pairs = wide.loc[measure][[model, reference]].dropna()
+            wide = group.pivot(index="seed", columns="model", values="value")
+            if model not in wide or reference not in wide:
+                continue
+            pairs = wide[[model, reference]].dropna()
             if pairs.empty:
                 continue
             diff = paired_difference(pairs[model].to_numpy(), pairs[reference].to_numpy())
@@ -241,7 +306,7 @@ def paired_against_reference(
                 {
                     "model": model,
                     "reference": reference,
-                    "measure": measure,
+                    **dict(zip(MEASURE_COLUMNS, key, strict=True)),
                     "n": diff.n,
                     "mean": diff.mean,
                     "se": diff.se,
@@ -255,68 +320,6 @@ def paired_against_reference(
     return pd.DataFrame(rows, columns=columns)
 
 
-def obtain_probe_frame(
-    command: str,
-    out: Path,
-    model_specs: list[str] | None,
-    from_path: Path | None,
-    settings: ProbeSettings,
-    probe_paths: list[Path] | None,
-    options: ModelOptions,
-    resume: bool,
-    console: Console,
-    explicit: dict[str, object] | None = None,
-) -> tuple[pd.DataFrame, dict]:
-    """Read the ``--from`` probe file, or measure the models into ``OUT.probe.parquet``."""
-    if from_path is not None:
-        if model_specs:
-            raise CdscopeError("--from reads an existing probe file: do not also pass --model")
-        probe_frame, probe_meta = read_probe_frame(from_path, explicit or {})
-    else:
-        pool = load_pool(probe_paths)
-        if len(pool.families) < 2:
-            raise CdscopeError(
-                f"B_shared needs at least 2 task families (M >= 2); the probe has {len(pool.families)}: "
-                f"{', '.join(pool.families)}"
-            )
-        from cdscope.commands.probe import collect_control  # the model stack, only when measuring
-
-        probe_frame, probe_meta = collect_control(
-            model_specs or [],
-            pool,
-            settings,
-            sibling(out, "probe"),
-            options,
-            resume,
-            console,
-            command,
-        )
-    return probe_frame, probe_meta
-
-
-def run_audit(
-    spec: AuditSpec,
-    out: Path,
-    model_specs: list[str] | None,
-    from_path: Path | None,
-    settings: ProbeSettings,
-    probe_paths: list[Path] | None,
-    options: ModelOptions,
-    resume: bool | str,
-    console: Console,
-    explicit: dict[str, object] | None = None,
-    bootstrap: int = 1000,
-    detect: float = DETECT,
-) -> AuditResult:
-    """Measure (or read) the probe frame, evaluate ``spec``'s measures, write all outputs."""
-    probe_frame, probe_meta = obtain_probe_frame(
-        spec.command, out, model_specs, from_path, settings, probe_paths, options, resume,
-        console, explicit,
-    )  # fmt: skip
-    source = str(from_path) if from_path else "measured"
-    return evaluate_audit(spec, probe_frame, probe_meta, console, source, out, bootstrap, detect)
-
-
 def evaluate_audit(
     spec: AuditSpec,
     probe_frame: pd.DataFrame,
@@ -326,10 +329,12 @@ def evaluate_audit(
     out: Path | None = None,
     bootstrap: int = 1000,
     detect: float = DETECT,
+    outputs: FileSet | None = None,
+    fail_above: float | None = None,
 ) -> AuditResult:
     """Per-seed measures, their summary, paired rows and the direction check from a probe
     frame; written (per-seed to ``out``, summary and convergence beside it) when ``out``
-    is given."""
+    is given, into ``outputs`` (a set of these three files alone when None)."""
     check_probe_frame(probe_frame)
     models = list(dict.fromkeys(probe_frame["model"]))
     ks = {m["name"]: m.get("K") for m in probe_meta.get("models", [])}
@@ -337,7 +342,7 @@ def evaluate_audit(
 
     def skip(model: str, measure: str) -> bool:
         differs = ks.get(model) != ks.get(models[0])
-        if differs and measure.startswith(spec.k_dependent_prefixes or ("\0",)):
+        if differs and measure in spec.k_dependent:
             skipped.append(
                 f"{measure} ({model} K={ks.get(model)} vs {models[0]} K={ks.get(models[0])})"
             )
@@ -371,14 +376,17 @@ def evaluate_audit(
         bootstrap=bootstrap,
         detect=detect,
         notes=notes,
+        **({"fail_above": fail_above} if fail_above is not None else {}),
     )
     if out is not None:
-        write_parquet(per_seed, out, metadata)
         both = pd.concat(
             [summary.assign(kind="mean"), paired.assign(kind="paired")], ignore_index=True
         )
-        write_parquet(both, sibling(out, "summary"), metadata)
-        write_parquet(convergence, sibling(out, "convergence"), metadata)
+        own = FileSet(out, sibling(out, "summary"), sibling(out, "convergence"))
+        with contextlib.nullcontext(outputs) if outputs else own as files:
+            files.write_parquet(per_seed, out, metadata)
+            files.write_parquet(both, sibling(out, "summary"), metadata)
+            files.write_parquet(convergence, sibling(out, "convergence"), metadata)
     return AuditResult(
         spec.command,
         per_seed,

@@ -3,7 +3,8 @@
 ``read_probe_frame`` reads a ``probe`` Parquet for ``--from`` and refuses, in one line,
 a file cdscope could not have written (``check_probe_file``: integer seeds and gates,
 boolean ``dropped``, one row per (model, seed, family, gate), a complete family x gate
-grid, finite l_m, dl/dg, F and kept C) or one measured with other settings than the
+grid, finite, numeric and sane l_m, dl/dg, F, kept C and per-sample lists:
+``value_problem``) or one measured with other settings than the
 options asked for; ``check_probe_frame`` checks the schema (``FRAME_COLUMNS``) of a
 frame handed to the engine from Python. numpy/pandas only: ``--from`` never loads torch.
 """
@@ -16,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from cdscope.errors import CdscopeError
+from cdscope.finite import first_unusable
 from cdscope.io import read_parquet
-from cdscope.output.frames import FRAME_COLUMNS, UNIT_COLUMN
+from cdscope.output.frames import FRAME_COLUMNS, SAMPLE_COLUMNS, UNIT_COLUMN
 
 
 def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFrame, dict]:
@@ -50,6 +52,9 @@ def check_probe_file(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
             )
     if not pd.api.types.is_bool_dtype(frame["dropped"]):
         raise CdscopeError(f"{path}: column 'dropped' holds {frame['dropped'].dtype}, not booleans")
+    for column in ("seed", "gate", "dropped"):  # nullable types (cdscope.schemas) may hold nulls
+        if frame[column].isna().any():
+            raise CdscopeError(f"{path}: column {column!r} has missing values; measure again")
     keys = ["model", "seed", "family", "gate"]
     duplicated = frame.duplicated(keys)
     if duplicated.any():
@@ -66,16 +71,87 @@ def check_probe_file(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
         raise CdscopeError(
             f"{path}: model {model!r} seed {seed} lacks some (family, gate) rows; measure again"
         )
-    kept = ~frame["dropped"]
+    problem = value_problem(frame)
+    if problem is not None:
+        raise CdscopeError(f"{path}: {problem}; measure again")
+
+
+def _where(row: pd.Series) -> str:
+    return f"family {row['family']!r} at seed {row['seed']} of model {row['model']!r}"
+
+
+def value_problem(frame: pd.DataFrame) -> str | None:
+    """What is wrong with the measured values of a probe frame, or None: l_m, dl/dg, F and
+    the C of kept families must be numbers (not strings), finite and not absurdly large
+    (``finite.ABSURD``); the per-sample lists of kept families must be lists of such
+    numbers, one entry per sample, the same count n on every gate row of a family."""
+    dropped = frame["dropped"]
+    kept = ~dropped.to_numpy(dtype=bool) if pd.api.types.is_bool_dtype(dropped) else None
     for column, rows in (("ell", None), ("dl_dg", None), ("F", None), ("C", kept)):
-        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-        bad = ~np.isfinite(values) if rows is None else ~np.isfinite(values) & rows.to_numpy()
-        if bad.any():
-            row = frame.iloc[int(np.flatnonzero(bad)[0])]
-            raise CdscopeError(
-                f"{path}: {column} of family {row['family']!r} at seed {row['seed']} of model "
-                f"{row['model']!r} is not a finite number ({row[column]!r}); measure again"
-            )
+        values = frame[column]
+        if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+            return f"column {column!r} holds {values.dtype} values, not numbers"
+        found = first_unusable(values.to_numpy(dtype=float), rows)
+        if found is not None:
+            row = frame.iloc[found[0]]
+            return f"{column} of {_where(row)} is {found[1]} ({row[column]})"
+    if all(c in frame.columns for c in SAMPLE_COLUMNS):
+        return _sample_problem(frame if kept is None else frame[kept])
+    return None
+
+
+def _cell_problem(column: str, part: pd.DataFrame) -> str:
+    """The first cell of ``column`` that is not a flat, non-empty list of numbers (the
+    slow path, taken only for a broken file)."""
+    for i, cell in enumerate(part[column]):
+        try:
+            values = np.asarray(cell, dtype=np.float64)
+        except (TypeError, ValueError):
+            values = None
+        if values is None or values.ndim != 1 or values.size == 0:
+            return f"{column} of {_where(part.iloc[i])} is not a list of numbers ({cell!r:.60})"
+    return f"column {column!r} holds something other than lists of numbers"
+
+
+def _sample_problem(frame: pd.DataFrame) -> str | None:
+    """``value_problem`` for the per-sample columns of the kept rows that have them."""
+    part = frame[frame[SAMPLE_COLUMNS].notna().all(axis=1)]
+    if part.empty:
+        return None
+    counts = {}
+    for column in SAMPLE_COLUMNS:
+        cells = part[column].to_list()
+        try:
+            lengths = np.fromiter((len(c) for c in cells), dtype=np.int64, count=len(cells))
+            flat = np.concatenate([np.ravel(c) for c in cells]).astype(np.float64)
+        except (TypeError, ValueError):
+            return _cell_problem(column, part)
+        if (lengths == 0).any() or flat.size != lengths.sum():
+            return _cell_problem(column, part)
+        found = first_unusable(flat)
+        if found is not None:
+            row = part.iloc[int(np.searchsorted(np.cumsum(lengths), found[0], side="right"))]
+            return f"{column} of {_where(row)} has an entry that is {found[1]}"
+        counts[column] = lengths
+    n = pd.DataFrame(counts, index=part.index)
+    family = [part["model"], part["seed"], part["family"]]
+    ragged = (n.nunique(axis=1) > 1) | (
+        n[SAMPLE_COLUMNS[0]].groupby(family).transform("nunique") > 1
+    )
+    if ragged.any():
+        row = part.loc[ragged.idxmax()]
+        return f"the per-sample lists of {_where(row)} differ in length (one entry per sample)"
+    return None
+
+
+def pair_problems(frame: pd.DataFrame) -> dict[tuple, str]:
+    """``value_problem`` per (model, seed): the pairs ``--resume`` must not reuse."""
+    found = {}
+    for (model, seed), group in frame.groupby(["model", "seed"], sort=False):
+        problem = value_problem(group)
+        if problem is not None:
+            found[(model, seed)] = problem
+    return found
 
 
 def check_probe_frame(frame: object, what: str = "the probe frame") -> pd.DataFrame:

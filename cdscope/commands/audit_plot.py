@@ -1,12 +1,29 @@
 """The figures of ``bshared``, ``acg`` and ``decompose`` (the same for ``--plot`` and
-``cdscope.plot``): drawn from an ``AuditResult`` after the engine (audit.py) has run."""
+``cdscope.plot``): drawn from an ``AuditResult`` after the engine (audit.py) has run.
+
+bshared shows B_shared(C) and, where the probe carried per-sample data, the
+noise-corrected B_shared(C) beside it (docs/bshared.md): the plain value is the
+paper-comparable one, the corrected one is what the sampling noise leaves.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cdscope.commands.audit import AuditResult
 from cdscope.output.frames import UNIT_COLUMN
+
+if TYPE_CHECKING:  # the engine draws through this module (run_audit), not the reverse
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from cdscope.commands.audit import AuditResult
+
+#: the measures each audit's bars show, and its title
+FIGURES = {
+    "bshared": (["B_shared_C", "B_shared_C_unbiased"], "B_shared(C), plain and noise-corrected"),
+    "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
+}
 
 
 def units_plot_path(path: Path) -> Path:
@@ -14,22 +31,30 @@ def units_plot_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}.units{path.suffix}")
 
 
-def draw_audit(path: Path, result: AuditResult) -> None:
-    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``);
-    when the gates are finer than whole writes, also the unit figure
-    (``plots_units.plot_units``: |C| mass curves, layer x head heatmaps) beside it."""
-    from cdscope.output.plots import plot_audit, plot_decompose
+def audit_figure(result: AuditResult, ax: Axes | None = None) -> Figure:
+    """The figure of ``result`` (``ax``: its first panel on the caller's Axes)."""
+    from cdscope.output import plots
 
+    if result.command == "decompose":
+        return plots.decompose_figure(result.per_seed, result.summary, ax)
+    measures, title = FIGURES[result.command]
+    return plots.audit_figure(title, result.per_seed, result.summary, result.paired, measures, ax)
+
+
+def draw_audit(path: Path | None, result: AuditResult, ax: Axes | None = None) -> Figure:
+    """The figure of each audit command (the same for ``--plot`` and ``cdscope.plot``),
+    written to ``path`` when given; when the gates are finer than whole writes, also the
+    unit figure (``plots_units.units_figure``: |C| mass curves, layer x head heatmaps)
+    beside it."""
+    from cdscope.output.plots import save_figure
+
+    fig = audit_figure(result, ax)
+    if path is None:
+        return fig
     frame = result.probe_frame
     if UNIT_COLUMN in frame.columns and frame[UNIT_COLUMN].notna().any():
         from cdscope.output.plots_units import plot_units
 
         plot_units(units_plot_path(path), frame)
-    if result.command == "decompose":
-        plot_decompose(path, result.per_seed, result.summary)
-        return
-    measures, title = {
-        "bshared": (["B_shared_C"], "B_shared(C)"),
-        "acg": (["B_shared_F", "B_shared_C", "ACG"], "Activation vs control"),
-    }[result.command]
-    plot_audit(path, title, result.per_seed, result.summary, result.paired, measures)
+    save_figure(fig, path)
+    return fig

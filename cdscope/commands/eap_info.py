@@ -22,6 +22,7 @@ SPEC §4):
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -51,7 +52,8 @@ from cdscope.core.models.adapters import architecture_of, position_limit
 from cdscope.core.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
-from cdscope.io import run_metadata, write_parquet
+from cdscope.fileset import FileSet
+from cdscope.io import run_metadata
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.frames import ModelOptions
 from cdscope.settings import EapSettings
@@ -340,10 +342,26 @@ def run_eap_info(
     )
 
 
-def write_eap_outputs(result: EapResult, out: Path) -> dict[str, Path]:
-    """Per-sample Parquet at ``out`` and the edge matrix beside it (each written atomically)."""
+def eap_outputs(out: Path, plot: Path | None = None) -> FileSet:
+    """The output set of eap-info: per-sample Parquet, edge matrix beside it, figure."""
+    return FileSet(out, edges_path(out), plot)
+
+
+def write_eap_outputs(
+    result: EapResult, out: Path, plot: Path | None = None, outputs: FileSet | None = None
+) -> dict[str, Path]:
+    """Per-sample Parquet at ``out``, the edge matrix beside it and the figure at ``plot``,
+    as one output set (``eap_outputs``, or the caller's ``outputs``, already locked
+    before the work began): all or none, one writer at a time."""
     edges = edges_path(out)
     metadata = {**result.metadata, "outputs": {"per_sample": str(out), "edges": str(edges)}}
-    write_parquet(result.edges, edges, metadata)
-    write_parquet(result.per_sample, out, metadata)
-    return {"per_sample": out, "edges": edges}
+    with contextlib.nullcontext(outputs) if outputs else eap_outputs(out, plot) as files:
+        files.write_parquet(result.edges, edges, metadata)
+        files.write_parquet(result.per_sample, out, metadata)
+        if plot is not None:
+            from cdscope.output.plots_eap import plot_eap
+
+            plot_eap(
+                files.path(plot), result.graph, result.edges, result.per_sample, result.summary
+            )
+    return {"per_sample": out, "edges": edges} | ({"plot": plot} if plot is not None else {})

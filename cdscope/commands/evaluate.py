@@ -8,12 +8,18 @@ samples depend only on its own seed, ``--resume`` skips the problems already in 
 per-sample file and the rerun gives exactly the samples an uninterrupted run would have.
 Empty completions are failures ("empty completion") without running a verifier.
 
-Outputs in ``out_dir``: ``samples.parquet`` (rewritten atomically every few seconds and
-at the end) and ``passk.parquet`` (``cdscope.analysis.passk.summarize``), both with run metadata.
+Outputs in ``out_dir``, written as one set at the end (``cdscope.fileset``; with
+``--audit`` the contamination table and with ``--plot`` the figure belong to it):
+``samples.parquet`` and ``passk.parquet`` (``cdscope.analysis.passk.summarize``), both
+with run metadata. While it runs, the samples so far are rewritten every few seconds to
+``samples.partial.parquet``, which ``--resume`` continues from; an earlier complete
+``samples.parquet`` stays as it was until the new set is complete. Each problem's content
+hash (``task_hash``) is recorded, so an edited task is never resumed silently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import time
@@ -26,10 +32,11 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.analysis.passk import check_ks, summarize
-from cdscope.commands.workflow import model_record
+from cdscope.commands.workflow import distinct_models, load_record, model_record
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
-from cdscope.io import check_writable, run_metadata, write_parquet
+from cdscope.fileset import FileSet, partial_path
+from cdscope.io import check_writable, content_hash, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.frames import ModelOptions
 from cdscope.output.resume import resume_state
@@ -80,6 +87,22 @@ def select(tasks: Sequence, limit: int | None) -> list[tuple[object, str]]:
     return out
 
 
+def eval_outputs(
+    out_dir: Path, models: bool = True, audit: bool = False, plot: Path | None = None
+) -> FileSet:
+    """The output set of one ``eval`` run: samples and pass@k (when models run), the
+    contamination audit (``--audit``) and the figure; committed together."""
+    files = ["samples.parquet", "passk.parquet"] if models else []
+    files += ["contamination.parquet"] if audit else []
+    return FileSet(*(out_dir / name for name in files), plot)
+
+
+def task_hash(task: object) -> str:
+    """A task's content identity: every field of its record (prompt, answer, tests,
+    verifier, ...); what ``--resume`` compares per problem."""
+    return content_hash(task.to_record())  # type: ignore[attr-defined]
+
+
 def read_hard_ids(path: Path, tasks: Sequence) -> set[str]:
     """Task ids (one per line, '#' comments) marking the hard subset; all must be known."""
     if not path.is_file():
@@ -106,19 +129,23 @@ def contamination_audit(
     train_paths: Sequence[Path] | None,
     probe_paths: Sequence[Path] | None,
     out_dir: Path,
+    outputs: FileSet | None = None,
 ) -> tuple[pd.DataFrame, Path]:
     """``eval --audit``: the eval ``tasks`` against the training tasks and probe pools
     (shipped ones where no paths are given; ``cdscope.tasks.contamination``), written to
-    ``out_dir/contamination.parquet``; returns (frame, path)."""
+    ``out_dir/contamination.parquet`` (a file of ``outputs``, the run's output set, when
+    given); returns (frame, path)."""
     target = check_writable(out_dir / "contamination.parquet")
     frame = audit(items_from_tasks(tasks), reference_sets(train_paths, probe_paths))
     metadata = run_metadata(
         "eval --audit",
         task_files=[str(p) for p in task_paths],
+        tasks_hash=content_hash([t.to_record() for t in tasks]),
         train_files=[str(p) for p in train_paths or []] or "shipped",
         probe_files=[str(p) for p in probe_paths or []] or "shipped",
     )
-    write_parquet(frame, target, metadata)
+    with contextlib.nullcontext(outputs) if outputs else FileSet(target) as files:
+        files.write_parquet(frame, target, metadata)
     return frame, target
 
 
@@ -201,30 +228,63 @@ def evaluate(
     resume: bool | str = False,
     hard_ids: Collection[str] | None = None,
     console: Console | None = None,
+    outputs: FileSet | None = None,
 ) -> EvalResult:
-    """Generate, verify and summarise every (model, selected problem); see the module doc."""
+    """Generate, verify and summarise every (model, selected problem); see the module doc.
+    The samples and pass@k are written as files of ``outputs`` (the run's output set; one
+    of these two files alone when None)."""
     single_process_only("eval")
     console = console or make_console()
-    if len(set(model_specs)) != len(model_specs):
-        raise CdscopeError("the same --model is given twice")
+    distinct_models(model_specs)
+    with contextlib.ExitStack() as stack:
+        if outputs is None:
+            outputs = stack.enter_context(eval_outputs(out_dir))
+        return _evaluate(
+            model_specs, tasks, settings, out_dir, options, resume, hard_ids, console, outputs
+        )
+
+
+def _evaluate(
+    model_specs: Sequence[str],
+    tasks: Sequence,
+    settings: EvalSettings,
+    out_dir: Path,
+    options: ModelOptions,
+    resume: bool | str,
+    hard_ids: Collection[str] | None,
+    console: Console,
+    outputs: FileSet,
+) -> EvalResult:
+    """``evaluate`` inside its output set."""
     ks = check_ks(settings.ks, settings.n)
     check_backend(settings.backend)
     chosen = select(tasks, settings.limit)
     require_sandbox_for([t for t, _ in chosen], "drop the code task files from --tasks")
     samples_path, passk_path = out_dir / "samples.parquet", out_dir / "passk.parquet"
+    hashes = {t.id: task_hash(t) for t, _ in chosen}
     metadata = run_metadata(
         "eval",
         settings=settings.comparable(),
+        load=load_record(options),
         ks=ks,
         limit=settings.limit,
         task_ids_hash=hashlib.sha256("\n".join(t.id for t, _ in chosen).encode()).hexdigest()[:16],
+        task_hashes=hashes,
         models=[],
     )
+    outputs.lock()  # before reading what another run may be writing
     state = resume_state(
-        samples_path, metadata, model_specs, options, resume, console, "problem_id"
-    )
+        samples_path, metadata, model_specs, options, resume, console, "problem_id",
+        item_hashes=hashes,
+    )  # fmt: skip
     frames = [] if state.frame is None else [state.frame]
     metadata["models"], done = state.models, state.done
+    if state.frame is not None:  # problems kept from the file but not chosen now: their hashes
+        kept = state.metadata.get("task_hashes") or {}
+        metadata["task_hashes"] = {
+            **{i: kept[i] for i in dict.fromkeys(state.frame["problem_id"]) if i in kept},
+            **hashes,
+        }
 
     stats = []
     start_all = time.perf_counter()
@@ -280,8 +340,9 @@ def evaluate(
                 rate = record["tokens"] / max(record["generate_s"], 1e-9)
                 progress.update(bar, description=f"{spec} {rate:.0f} tok/s")
                 progress.advance(bar)
-                if time.perf_counter() - last_write > WRITE_EVERY_S:
-                    write_parquet(pd.concat(frames, ignore_index=True), samples_path, metadata)
+                if time.perf_counter() - last_write > WRITE_EVERY_S:  # progress, for --resume
+                    progress_frame = pd.concat(frames, ignore_index=True)
+                    write_parquet(progress_frame, partial_path(samples_path), metadata)
                     last_write = time.perf_counter()
             record["wall_s"] = time.perf_counter() - t_model
             stats.append(record)
@@ -290,12 +351,14 @@ def evaluate(
     samples = (
         pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SAMPLE_COLUMNS)
     )
-    write_parquet(samples, samples_path, metadata)
+    outputs.write_parquet(samples, samples_path, metadata)
+    outputs.remove_on_commit(partial_path(samples_path))
     wanted = samples["model"].isin(list(model_specs)) & samples["problem_id"].isin(
         [t.id for t, _ in chosen]
     )
     passk = summarize(samples[wanted], ks, hard_ids)
-    write_parquet(passk, passk_path, metadata | {"samples_file": str(samples_path)})
+    hard = {"hard_ids_hash": content_hash(sorted(hard_ids)) if hard_ids else None}
+    outputs.write_parquet(passk, passk_path, metadata | {"samples_file": str(samples_path)} | hard)
     stats_frame = pd.DataFrame(stats)
     stats_frame["tokens_per_s"] = stats_frame["tokens"] / stats_frame["generate_s"].where(
         stats_frame["generate_s"] > 0

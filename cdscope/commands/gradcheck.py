@@ -16,24 +16,23 @@ from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.batch import encode_probe, rows_per_forward
-from cdscope.core.gate_sites import GATE_GRANULARITIES
 from cdscope.core.gates import GatedModel
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
-from cdscope.core.regularizer import (
-    DEFAULT_EPS,
-    DEFAULT_ESTIMATOR,
-    exact_grad,
-    fidelity,
-    regularizer_grad,
-)
+from cdscope.core.regularizer import exact_grad, fidelity, regularizer_grad
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
+from cdscope.fileset import FileSet, partial_path
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.frames import ModelOptions, describe_seeds
-from cdscope.settings import GradcheckSettings
+from cdscope.settings import (
+    DEFAULT_EPS,
+    DEFAULT_ESTIMATOR,
+    GATE_GRANULARITIES,
+    GradcheckSettings,
+)
 
 COLUMNS = [
     "model",
@@ -58,7 +57,9 @@ def run_gradcheck(
     options: ModelOptions = ModelOptions(attn="eager"),
     console: Console | None = None,
 ) -> pd.DataFrame:
-    """The sweep of the module docstring; rewrites ``out`` after every seed."""
+    """The sweep of the module docstring: the rows so far go to ``partial_path(out)`` after
+    every seed, ``out`` is written when the sweep is complete (an earlier ``out`` stays
+    as it was until then)."""
     single_process_only("gradcheck")
     if settings.granularity not in GATE_GRANULARITIES:
         raise CdscopeError(
@@ -95,7 +96,7 @@ def run_gradcheck(
         models=[model_record(loaded, gated.gate_set)],
     )
     rows: list[dict] = []
-    with gated as gm, progress_bar(console) as progress:
+    with FileSet(out) as outputs, gated as gm, progress_bar(console) as progress:
         task = progress.add_task("gradcheck", total=len(seeds) * (1 + len(variants)))
         for seed in seeds:
             batch = encode_probe(
@@ -132,5 +133,7 @@ def run_gradcheck(
                 del approx
                 progress.advance(task)
             del exact, reference  # the next seed's exact gradient needs the room
-            write_parquet(pd.DataFrame(rows, columns=COLUMNS), out, metadata)
+            write_parquet(pd.DataFrame(rows, columns=COLUMNS), partial_path(out), metadata)
+        outputs.write_parquet(pd.DataFrame(rows, columns=COLUMNS), out, metadata)
+        outputs.remove_on_commit(partial_path(out))
     return pd.DataFrame(rows, columns=COLUMNS)

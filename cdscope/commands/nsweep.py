@@ -35,9 +35,11 @@ from rich.console import Console
 from cdscope.analysis import spectral
 from cdscope.analysis.stats import mean_se
 from cdscope.analysis.uncertainty import FamilySamples, contributions, corrected_measures
-from cdscope.commands.audit import obtain_probe_frame, sibling
+from cdscope.commands.audit import sibling
+from cdscope.commands.audit_run import obtain_probe_frame
 from cdscope.errors import CdscopeError
-from cdscope.io import run_metadata, write_parquet
+from cdscope.fileset import FileSet
+from cdscope.io import run_metadata
 from cdscope.output.frames import ModelOptions, ProbeSettings, sample_sets
 
 NS_DEFAULT = (1, 2, 3, 6, 12, 24)
@@ -126,22 +128,32 @@ def run_nsweep(
     settings: ProbeSettings,
     probe_paths: list[Path] | None,
     options: ModelOptions,
-    resume: bool,
+    resume: bool | str,
     console: Console,
+    plot: Path | None = None,
 ) -> NsweepResult:
-    """Measure (n = max(ns) per family) or read the per-sample probe, sweep n, write outputs."""
-    probe_frame, probe_meta = obtain_probe_frame(
-        "nsweep", out, model_specs, from_path, settings, probe_paths, options, resume, console
-    )
-    per_seed = sweep_frame(probe_frame, ns)
-    summary = summarize_sweep(per_seed)
-    metadata = run_metadata(
-        "nsweep",
-        ns=list(ns),
-        nesting="first n of a per-(seed, family) permutation of the n_max drawn samples",
-        source=str(from_path) if from_path else "measured",
-        probe=probe_meta,
-    )
-    write_parquet(per_seed, out, metadata)
-    write_parquet(summary, sibling(out, "summary"), metadata)
+    """Measure (n = max(ns) per family) or read the per-sample probe, sweep n, write the
+    outputs (and the figure at ``plot``) as one set (``cdscope.fileset``)."""
+    probe = [sibling(out, "probe")] if from_path is None else []
+    with FileSet(out, sibling(out, "summary"), *probe, plot) as outputs:
+        probe_frame, probe_meta = obtain_probe_frame(
+            "nsweep", out, model_specs, from_path, settings, probe_paths, options, resume,
+            console, outputs=outputs,
+        )  # fmt: skip
+        per_seed = sweep_frame(probe_frame, ns)
+        summary = summarize_sweep(per_seed)
+        metadata = run_metadata(
+            "nsweep",
+            ns=list(ns),
+            nesting="first n of a per-(seed, family) permutation of the n_max drawn samples",
+            source=str(from_path) if from_path else "measured",
+            probe=probe_meta,
+        )
+        outputs.write_parquet(per_seed, out, metadata)
+        outputs.write_parquet(summary, sibling(out, "summary"), metadata)
+        if plot is not None:
+            from cdscope.output.plots_noise import plot_nsweep
+
+            M = len(probe_meta.get("families") or [])  # noqa: N806
+            plot_nsweep(outputs.path(plot), per_seed, summary, M or 2)
     return NsweepResult(per_seed, summary, metadata)

@@ -6,9 +6,12 @@ runs the same command. Rank 0 reads the ``--resume`` state and tells every rank 
 (models outer, seeds inner), are dealt round-robin. Work proceeds in rounds: in round r
 every rank measures its r-th pair (or nothing), then all ranks exchange one status
 object each (the pair's long-format frame and model record, or an error line). Rank 0
-rewrites ``out`` atomically after every round, so a rank dying mid-run leaves the last
-complete Parquet in place and ``--resume`` (under any world size: finished work is keyed
-by (model, seed) in the file) picks up from it.
+rewrites the progress file ``partial_path(out)`` atomically after every round, so a rank
+dying mid-run leaves the last complete Parquet of whole rounds there and ``--resume``
+(under any world size: finished work is keyed by (model, seed) in the file) picks up
+from it; ``out`` itself is written with the caller's output set once all is measured.
+Rank 0 takes the output's lock before reading the ``--resume`` state, and a refusal
+(another writer, a mismatch) reaches every rank as one line.
 
 The numbers are those of a single-process run: each pair is measured by exactly the
 code of ``collect_control`` (``workflow.measure``, ``workflow.result_frame``), on a fresh draw from its
@@ -32,6 +35,7 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope import distributed
+from cdscope.commands.audit_inputs import pair_problems
 from cdscope.commands.workflow import (
     dropped_warning,
     gated,
@@ -43,6 +47,7 @@ from cdscope.commands.workflow import (
 )
 from cdscope.core.probes import ProbePool
 from cdscope.errors import CdscopeError
+from cdscope.fileset import FileSet, partial_path
 from cdscope.io import write_parquet
 from cdscope.messages import dim
 from cdscope.output.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
@@ -103,13 +108,19 @@ def _resume_on_main(
     model_specs: Sequence[str],
     options: ModelOptions,
     console: Console,
+    outputs: FileSet,
 ) -> ResumeState:
-    """Rank 0 reads the finished pairs of ``out`` that this run may reuse
-    (``cdscope.output.resume.resume_state``); every rank receives them (or the refusal)."""
+    """Rank 0 locks ``outputs`` and reads the finished pairs of ``out`` that this run may
+    reuse (``cdscope.output.resume.resume_state``); every rank receives them (or the
+    refusal)."""
     state: object = ResumeState()
     if launch.is_main:
         try:
-            state = resume_state(out, metadata, model_specs, options, resume, console, "seed")
+            outputs.lock()
+            state = resume_state(
+                out, metadata, model_specs, options, resume, console, "seed",
+                bad_pairs=pair_problems,
+            )  # fmt: skip
         except CdscopeError as exc:
             state = str(exc)
     state = distributed.from_main(state, launch)
@@ -128,8 +139,10 @@ def collect_control_parallel(
     resume: bool | str,
     console: Console,
     command: str,
+    outputs: FileSet,
 ) -> tuple[pd.DataFrame, dict]:
-    """``collect_control`` across the launcher's ranks; rank 0 returns (frame, metadata).
+    """``collect_control`` across the launcher's ranks; rank 0 returns (frame, metadata)
+    for the caller to write into ``outputs``.
 
     Ranks > 0 raise ``distributed.WorkerDone`` once their share is gathered.
     """
@@ -137,7 +150,9 @@ def collect_control_parallel(
         options = replace(options, device=distributed.rank_device(options.device))
     with distributed.process_group(launch, "cuda" if options.device.startswith("cuda") else "cpu"):
         metadata = probe_metadata(command, pool, settings, options, world_size=launch.world_size)
-        state = _resume_on_main(out, metadata, resume, launch, model_specs, options, console)
+        state = _resume_on_main(
+            out, metadata, resume, launch, model_specs, options, console, outputs
+        )
         previous, records, done = state.frame, state.models, state.done
         work = [(m, s) for m in model_specs for s in settings.seeds if (m, s) not in done]
         if 0 < len(work) < launch.world_size:
@@ -181,13 +196,16 @@ def collect_control_parallel(
                 if launch.is_main and any(s and "pair" in s for s in statuses):
                     frame = frame_now()
                     record_drawn(metadata, pool, settings.n, frame["seed"])
-                    write_parquet(frame, out, metadata)
+                    write_parquet(frame, partial_path(out), metadata)
                     dim(
                         console,
                         f"round {r + 1}/{rounds}: {len(finished)}/{len(work)} (model, seed) "
                         f"pair(s) measured on {launch.world_size} ranks",
                     )
                 if errors:
+                    if launch.is_main:
+                        distributed.exit_on_own_terms()
+                    distributed.from_main(None, launch)  # the others leave after rank 0 wrote
                     more = (
                         f" (and {len(errors) - 1} more failing rank(s))" if len(errors) > 1 else ""
                     )

@@ -2,20 +2,24 @@
 
 For every model and probe seed s = 0..S-1: draw n items per family (SPEC §4), encode
 them into one padded batch, run the chosen estimator (SPEC §2) and append one row per
-(model, seed, family, gate). The file is rewritten atomically after every finished seed,
-so an interrupted run keeps what it finished and ``--resume`` skips it.
+(model, seed, family, gate). The progress file ``OUT.partial.parquet`` is rewritten
+atomically after every finished seed, so an interrupted run keeps what it finished and
+``--resume`` skips it; ``OUT`` itself is replaced only when the run is complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
 
+from cdscope.commands.audit_inputs import pair_problems
 from cdscope.commands.parallel import collect_control_parallel
 from cdscope.commands.workflow import (
+    distinct_models,
     dropped_warning,
     gated,
     measure,
@@ -29,6 +33,7 @@ from cdscope.core.models import LoadedModel
 from cdscope.core.probes import ProbePool
 from cdscope.distributed import launch_env
 from cdscope.errors import CdscopeError
+from cdscope.fileset import FileSet, partial_path
 from cdscope.io import write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
@@ -45,37 +50,69 @@ def collect_control(
     console: Console | None = None,
     command: str = "probe",
     on_result: Callable[[str, int, ControlResult], None] | None = None,
+    outputs: FileSet | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Measure every (model, seed); write ``out`` (if given) after each; return (frame, metadata).
+    """Measure every (model, seed); return (frame, metadata); with ``out``, write it.
 
     A model is a spec for ``load_model`` or an already-loaded ``LoadedModel`` (the
-    Python API); rows are labelled with the spec or ``LoadedModel.name``. Under a
-    launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0 writes
-    ``out`` (``cdscope.commands.parallel``). ``resume``: False, True / 'keep' (reuse
-    finished pairs whose model and settings match, refuse otherwise) or 'recompute'
-    (measure mismatching pairs again); see ``cdscope.output.resume``.
+    Python API); rows are labelled with the spec or ``LoadedModel.name``. With ``out``
+    the progress after each seed goes to ``partial_path(out)`` and the whole frame to
+    ``out`` as part of the output set ``outputs`` (made here when None: ``out`` alone),
+    so a complete earlier ``out`` stays as it was until this run's set is complete. Under
+    a launcher (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0 writes
+    (``cdscope.commands.parallel``). ``resume``: False, True / 'keep' (reuse finished
+    pairs whose model and settings match, refuse otherwise) or 'recompute' (measure
+    mismatching pairs again); see ``cdscope.output.resume``.
     """
     console = console or make_console()
     resume_mode(resume)  # a wrong mode is refused before anything loads
     names = [m.name if isinstance(m, LoadedModel) else m for m in model_specs]
-    if len(set(names)) != len(names):
-        raise CdscopeError(
-            "the same --model is given twice (in Python: give each model its own name=)"
-        )
+    distinct_models(names)
     launch = launch_env()
-    if launch.active:  # started by torchrun / accelerate launch: (model, seed) pairs across ranks
-        if out is None or any(isinstance(m, LoadedModel) for m in model_specs):
-            raise CdscopeError(
-                "under a launcher every model is a spec each rank loads itself, and --out is needed"
-            )
-        return collect_control_parallel(
-            launch, names, pool, settings, out, options, resume, console, command
+    if launch.active and (out is None or any(isinstance(m, LoadedModel) for m in model_specs)):
+        raise CdscopeError(
+            "under a launcher every model is a spec each rank loads itself, and --out is needed"
         )
+    with contextlib.ExitStack() as stack:
+        if out is not None and outputs is None:
+            outputs = stack.enter_context(FileSet(out))
+        if launch.active:  # started by torchrun / accelerate launch: pairs across ranks
+            frame, metadata = collect_control_parallel(
+                launch, names, pool, settings, out, options, resume, console, command, outputs
+            )
+        else:
+            frame, metadata = _collect(
+                model_specs, names, pool, settings, out, options, resume, console, command,
+                on_result, outputs,
+            )  # fmt: skip
+        if out is not None and outputs is not None:
+            outputs.write_parquet(frame, out, metadata)
+            outputs.remove_on_commit(partial_path(out))
+    return frame, metadata
+
+
+def _collect(
+    model_specs: Sequence[str | LoadedModel],
+    names: list[str],
+    pool: ProbePool,
+    settings: ProbeSettings,
+    out: Path | None,
+    options: ModelOptions,
+    resume: bool | str,
+    console: Console,
+    command: str,
+    on_result: Callable[[str, int, ControlResult], None] | None,
+    outputs: FileSet | None,
+) -> tuple[pd.DataFrame, dict]:
+    """One process: every (model, seed) in order, progress rewritten after each."""
     metadata = probe_metadata(command, pool, settings, options, world_size=1)
     frames: list[pd.DataFrame] = []
     done: set[tuple] = set()
     if out is not None:
-        state = resume_state(out, metadata, names, options, resume, console, "seed")
+        outputs.lock()  # type: ignore[union-attr] - before reading what another run may write
+        state = resume_state(
+            out, metadata, names, options, resume, console, "seed", bad_pairs=pair_problems
+        )
         if state.frame is not None:
             frames.append(state.frame)
             metadata["models"], done = state.models, state.done
@@ -104,7 +141,7 @@ def collect_control(
                     frame = pd.concat(frames, ignore_index=True)
                     record_drawn(metadata, pool, settings.n, frame["seed"])
                     if out is not None:
-                        write_parquet(frame, out, metadata)
+                        write_parquet(frame, partial_path(out), metadata)
                     if on_result is not None:
                         on_result(spec, seed, result)
                     progress.advance(task)

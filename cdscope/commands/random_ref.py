@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_reference
 from cdscope.errors import CdscopeError
-from cdscope.io import check_plot_path, check_writable, run_metadata, write_parquet
+from cdscope.fileset import FileSet
+from cdscope.io import check_plot_path, check_writable, run_metadata
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
+ROUNDING = 0.0005  # half the 0.1 % step of the tables: how far a typed --value may undercut 1/M
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,16 @@ class RandomReferenceResult:
         ref = self.reference
         return pd.DataFrame({"trial": range(ref.trials), "B_shared": ref.samples})
 
+    def __repr__(self) -> str:
+        from cdscope.output.notebook import reference_repr
+
+        return reference_repr(self.stats)
+
+    def _repr_html_(self) -> str:
+        from cdscope.output.notebook import reference_html
+
+        return reference_html(self.stats)
+
 
 def random_reference_result(
     families: int = 3,
@@ -44,8 +57,8 @@ def random_reference_result(
 ) -> RandomReferenceResult:
     """Check the inputs, take K from ``model`` when ``gates`` is None, sample, summarise.
 
-    ``value`` is a measured B_shared as a fraction in (0, 1]; its percentile among the
-    samples is reported.
+    ``value`` is a measured B_shared as a fraction in [1/M, 1] (B_shared of M rows is never
+    below 1/M); its percentile among the samples is reported.
     """
     if families < 2:
         raise CdscopeError(
@@ -53,8 +66,12 @@ def random_reference_result(
         )
     if trials < 1:
         raise CdscopeError(f"--trials must be at least 1; got {trials}")
-    if value is not None and not 0 < value <= 1:
-        raise CdscopeError(f"--value is a percentage in (0, 100]; got {100 * value:g}")
+    # the tables print B_shared to 0.1 %: a value typed from them may sit 0.05 points below
+    if value is not None and not 1 / families - ROUNDING <= value <= 1:  # NaN fails both
+        raise CdscopeError(
+            f"--value is a percentage between 1/M = {100 / families:.4g} (no B_shared of "
+            f"M = {families} families is lower) and 100; got {100 * value:g}"
+        )
     if gates is None:
         if model is None:
             raise CdscopeError("give --gates K, or --model to take K from a model")
@@ -99,7 +116,7 @@ def run_random_reference(
 ) -> tuple[RandomReferenceResult, Path]:
     """The ``random-ref`` workflow: options and output paths checked before sampling, the
     T samples written to ``out`` (statistics in its metadata), the histogram to ``plot``.
-    ``value`` is a fraction in (0, 1] as in ``random_reference_result``."""
+    ``value`` is a fraction in [1/M, 1] as in ``random_reference_result``."""
     if gates is not None and model is not None:  # -K would be silently ignored
         raise CdscopeError("give --gates K or --model (K = 2 x its layers), not both")
     if granularity is not None and model is None:
@@ -110,20 +127,25 @@ def run_random_reference(
     result = random_reference_result(
         families, gates, trials, seed, value, model, granularity or "sublayer"
     )
-    write_parquet(result.frame, target, run_metadata("random-ref", **result.stats))
-    if plot is not None:
-        draw_random_reference(plot, result)
+    with FileSet(target, plot) as outputs:  # the samples and the figure: both or neither
+        outputs.write_parquet(result.frame, target, run_metadata("random-ref", **result.stats))
+        if plot is not None:
+            draw_random_reference(outputs.path(plot), result)
     return result, target
 
 
-def draw_random_reference(path: object, result: RandomReferenceResult) -> None:
-    """The histogram with 1/M, p95, p99 and the measured value (``--plot``)."""
-    from cdscope.output.plots import plot_random_reference
+def draw_random_reference(path: Path | None, result: RandomReferenceResult, ax: Any = None) -> Any:
+    """The histogram with 1/M, p95, p99 and the measured value (``--plot``): the Figure,
+    written to ``path`` when given; ``ax``: drawn on the caller's Axes."""
+    from cdscope.output.plots import random_reference_figure, save_figure
 
     ref, stats = result.reference, result.stats
-    plot_random_reference(
-        path, ref.samples, ref.M, ref.K, ref.p95, ref.p99, stats["value"], stats["percentile"]
+    fig = random_reference_figure(
+        ref.samples, ref.M, ref.K, ref.p95, ref.p99, stats["value"], stats["percentile"], ax
     )
+    if path is not None:
+        save_figure(fig, path)
+    return fig
 
 
 def model_gate_count(spec: str, granularity: str = "sublayer") -> int:

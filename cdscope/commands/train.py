@@ -3,13 +3,17 @@
 Everything a user can get wrong is checked here, before the model loads where possible,
 each with one ``CdscopeError`` line: malformed task files (``tasks.load_tasks``), a probe
 family without training tasks, ``--tau`` outside [100/M, 100], non-positive sizes, an
-output folder that cannot be written or already holds a run (without ``--resume``).
+output folder that cannot be written or already holds a run (without ``--resume``), a
+second run writing the same folder (``lock.OutputLock``), and a ``--resume`` whose probe,
+task files or model differ in content from the run it continues (``check_resumed_run``).
 The hf backend is ``train.loop``; the trl backend is ``integrations.trl``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,14 +22,22 @@ from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.probes import load_pool
-from cdscope.distributed import rank_device, single_process_only
+from cdscope.distributed import (
+    is_main_process,
+    launch_env,
+    process_group,
+    rank_device,
+    single_process_only,
+)
 from cdscope.errors import CdscopeError
-from cdscope.io import check_writable, run_metadata
-from cdscope.messages import make_console
+from cdscope.io import check_writable, content_hash, read_parquet, run_metadata
+from cdscope.lock import OutputLock
+from cdscope.messages import make_console, warn
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
 from cdscope.train.config import TrainConfig
 from cdscope.train.loop import train
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult
+from cdscope.train.tracking import require_tracker
 
 
 def load_training_tasks(cfg: TrainConfig) -> list[Task]:
@@ -113,6 +125,7 @@ def prepare(
         config=cfg.to_dict(),
         model=model_info,
         probe_hash=pool.hash,
+        tasks_hash=content_hash([t.to_record() for t in tasks]),
         probe_files=list(pool.paths),
         probe_families=pool.families,
         probe_items=probe.item_ids,
@@ -135,19 +148,97 @@ def run_train(
     tokenizer: Any = None,
     reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None = None,
 ) -> TrainResult:
-    """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL)."""
+    """Validate, prepare and run ``cfg`` on its backend (hf loop or TRL).
+
+    ``--sharding fsdp`` runs the hf loop on every rank of a launch, inside the launch's
+    process group (joined here, destroyed at the end)."""
+    cfg.validate()
+    if cfg.sharding == "fsdp":
+        launch = launch_env()
+        if "MASTER_ADDR" not in os.environ:
+            raise CdscopeError(
+                "--sharding fsdp shards the model over the ranks of a launch: start it with "
+                "torchrun --nproc_per_node N -m cdscope.cli -- train ... (docs/distributed.md)"
+            )
+        from cdscope.core.models.loading import resolve_device
+
+        with process_group(launch, resolve_device(rank_device(cfg.device)).type):
+            return _run(cfg, resume, console, stop_after, model, tokenizer, reward_fn)
     if cfg.backend != "trl":  # the built-in loop is one process; TRL shards under a launcher
         single_process_only(f"train --backend {cfg.backend}")
+    return _run(cfg, resume, console, stop_after, model, tokenizer, reward_fn)
+
+
+def _run(
+    cfg: TrainConfig,
+    resume: bool,
+    console: Console | None,
+    stop_after: int | None,
+    model: Any,
+    tokenizer: Any,
+    reward_fn: Callable[[Sequence[Task], Sequence[str]], list[float]] | None,
+) -> TrainResult:
     console = console or make_console()
     if cfg.extra.get("trl") and cfg.backend != "trl":
         raise CdscopeError("--trl-arg only applies with --backend trl")
     if cfg.backend == "trl":  # before loading anything: the extra may be missing
-        from cdscope.integrations.trl import require_trl
+        from cdscope.integrations.trl import require_trl, require_vllm
 
         require_trl()
-    inputs = prepare(cfg, console, model, tokenizer, reward_fn)
-    if cfg.backend == "trl":
-        from cdscope.integrations.trl import train_with_trl
+        if cfg.extra.get("trl", {}).get("use_vllm"):
+            require_vllm()  # vLLM rollouts need CUDA and vLLM: one line, before the model
+    require_tracker(cfg.report_to)  # --report-to: the tracker's package, before the model
+    # one writer per run folder (rank 0 only under a launcher: the TRL ranks share it)
+    lock = OutputLock(cfg.out_dir) if is_main_process() else contextlib.nullcontext()
+    with lock:
+        inputs = prepare(cfg, console, model, tokenizer, reward_fn)
+        if resume:
+            check_resumed_run(Path(cfg.out_dir), inputs.metadata, console)
+        if cfg.backend == "trl":
+            from cdscope.integrations.trl import train_with_trl
 
-        return train_with_trl(inputs, resume=resume, console=console, **cfg.extra.get("trl", {}))
-    return train(inputs, resume=resume, console=console, stop_after=stop_after)
+            extra = cfg.extra.get("trl", {})
+            return train_with_trl(inputs, resume=resume, console=console, **extra)
+        return train(inputs, resume=resume, console=console, stop_after=stop_after)
+
+
+#: what a resumed run must share with the run it continues, beside the settings the
+#: checkpoint compares (``train.checkpoint.check_resumable``): contents, not paths
+RUN_IDENTITY = (("probe_hash", "probe content"), ("tasks_hash", "training task content"))
+
+
+def check_resumed_run(out_dir: Path, metadata: dict, console: Console) -> None:
+    """``--resume`` continues the run in ``out_dir`` only with the same probe and task
+    contents and the same model (content hash, dtype, device type), as recorded in its
+    ``log.parquet``; one line naming what changed otherwise. Other library versions or
+    thread counts are warned about (the steps taken now round differently)."""
+    from cdscope.output.resume import environment_changes, recorded_identity
+
+    log = out_dir / LOG_NAME
+    if not log.is_file():
+        if any((out_dir / folder).is_dir() for folder in ("checkpoints", "trl")):
+            raise CdscopeError(
+                f"--resume: {log} is missing, so the inputs of the run in {out_dir} cannot be "
+                "checked against this one; start a new --out-dir"
+            )
+        return  # nothing was logged: the checkpoint check refuses or starts cleanly
+    old = read_parquet(log)[1]
+    for key, label in RUN_IDENTITY:
+        if old.get(key) != metadata.get(key):
+            raise CdscopeError(
+                f"--resume: the {label} differs from the run in {out_dir} ({old.get(key)} vs "
+                f"{metadata.get(key)}): the files were edited or others given; resume with the "
+                "same files or start a new --out-dir"
+            )
+    before, now = recorded_identity(old.get("model") or {}), recorded_identity(metadata["model"])
+    if before != now:
+        changed = ", ".join(k for k in now if before[k] != now[k])
+        raise CdscopeError(
+            f"--resume: the model of the run in {out_dir} was {before} but is now {now} "
+            f"({changed} changed); resume with the same model or start a new --out-dir"
+        )
+    changes = environment_changes(old, metadata)
+    if changes:
+        warn(console, f"--resume: {out_dir} was trained with other libraries or threads "
+                      f"({', '.join(changes)}): the steps taken now round differently "
+                      "(docs/resume.md)")  # fmt: skip

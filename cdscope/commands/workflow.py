@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,10 +25,26 @@ from cdscope.core.gates import GatedModel
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.loading import experts_in_use
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
+from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata
 from cdscope.messages import warn
 from cdscope.output.frames import ModelOptions, ProbeSettings, describe_seeds
+
+
+def distinct_models(names: Sequence[str]) -> None:
+    """Refuse a model given twice: the same name, or two spellings of one local path
+    (``models/base`` and ``./models/base``), which would be paired with itself."""
+    seen: dict[str, str] = {}
+    for name in names:
+        path = Path(name).expanduser()
+        key = str(path.resolve()) if path.exists() else name
+        if key in seen:
+            raise CdscopeError(
+                f"the same model is given twice ({seen[key]!r} and {name!r}): give each model "
+                "once (in Python: give each model its own name=)"
+            )
+        seen[key] = name
 
 
 def gated(loaded: LoadedModel, settings: ProbeSettings) -> AbstractContextManager:
@@ -154,6 +171,12 @@ def model_record(loaded: LoadedModel, gate_set: GateSet | None = None) -> dict:
     }
 
 
+def load_record(options: ModelOptions) -> dict:
+    """The load options ``--resume`` compares beside each model's identity: the attention
+    kernel as asked for (``auto`` resolves per model; the resolved one is in each record)."""
+    return {"attn": options.attn}
+
+
 def probe_metadata(
     command: str, pool: ProbePool, settings: ProbeSettings, options: ModelOptions, world_size: int
 ) -> dict:
@@ -169,6 +192,7 @@ def probe_metadata(
         fd_step=settings.fd_step if settings.estimator == "fd" else None,
         fd_order=settings.fd_order if settings.estimator == "fd" else None,
         world_size=world_size,
+        load=load_record(options),
         placement=options.placement.describe() if options.placement else None,
         models=[],
         drawn={},  # seed -> family -> item ids, for every finished seed

@@ -39,6 +39,7 @@ from torch import nn
 from cdscope.core.batch import ProbeBatch, family_mean, mean_at_predicting_positions, row_chunks
 from cdscope.core.gate_sites import GateSet, gate_dtype
 from cdscope.core.gates import GatedModel
+from cdscope.core.grad_sink import gate_gradient
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
 from cdscope.finite import require_finite
@@ -154,8 +155,9 @@ def control_autograd(
             gates = torch.ones(len(rows), K, device=device, dtype=dtype, requires_grad=True)
             with gm.gating(gates, capture_norms=True) as capture:
                 logp = row_target_logprobs(model, batch, rows)
-            objective = (logp.double() * weights[rows].to(logp.device)).sum()
-            (grad,) = torch.autograd.grad(objective, gates)
+                objective = (logp.double() * weights[rows].to(logp.device)).sum()
+                # inside the block: activation checkpointing reruns the forward here
+                grad = gate_gradient(objective, gates)
             row_logp[rows] = logp.detach().double().cpu()
             row_grad[rows] = grad.double().cpu()
             row_F[rows] = (

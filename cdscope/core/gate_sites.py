@@ -15,10 +15,6 @@ from torch.utils.hooks import RemovableHandle
 
 from cdscope.hooks import first_tensor, replace_first
 
-#: the gate sets ``GatedModel`` builds (docs/granularity.md): one gate per residual write,
-#: per attention head, per routed / shared MoE expert, per MLP neuron
-GATE_GRANULARITIES = ("sublayer", "head", "expert", "neuron")
-
 
 def gate_dtype(model_dtype: torch.dtype) -> torch.dtype:
     """The dtype gate tensors are built in: float64 for a float64 model, else float32

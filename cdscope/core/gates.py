@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from cdscope.core.gate_sites import (
-    GATE_GRANULARITIES,
     Capture,
     GateSet,
     GateState,
@@ -45,7 +44,9 @@ from cdscope.core.gate_sites import (
 )
 from cdscope.core.gate_units import unit_sites
 from cdscope.core.models.adapters import Architecture, architecture_of
+from cdscope.errors import CdscopeError
 from cdscope.hooks import HookSet
+from cdscope.settings import GATE_GRANULARITIES
 
 
 class GatedModel:
@@ -99,16 +100,43 @@ class GatedModel:
 
     @contextmanager
     def gating(self, gates: torch.Tensor | None, capture_norms: bool = False) -> Iterator[Capture]:
-        """Apply ``gates`` (``[B, K]``, or None for no gating) to forwards run inside the block."""
+        """Apply ``gates`` (``[B, K]``, or None for no gating) to forwards run inside the block.
+
+        Run the backward of a gated forward inside the block too: activation checkpointing
+        recomputes the forward during the backward, and the recomputation must apply the same
+        gates (leaving the block clears them)."""
         if not self._hooks.installed:
             raise RuntimeError("use GatedModel as a context manager before gating")
         if gates is not None and (gates.dim() != 2 or gates.shape[1] != self.gate_set.K):
             raise ValueError(
                 f"gates must have shape [B, {self.gate_set.K}], got {tuple(gates.shape)}"
             )
+        if gates is not None and torch.is_grad_enabled():
+            refuse_reentrant_checkpointing(self.model)
         capture = Capture()
         self.state.gates, self.state.capture = gates, (capture if capture_norms else None)
         try:
             yield capture
         finally:
             self.state.gates, self.state.capture = None, None
+
+
+def refuse_reentrant_checkpointing(model: nn.Module) -> None:
+    """One line instead of a wrong gradient: transformers' activation checkpointing in its
+    reentrant form (``use_reentrant=True``) is active on ``model``.
+
+    A reentrant checkpoint recomputes its block from the block's inputs alone; the gates are
+    not among them, so ``torch.autograd.grad`` w.r.t. the gates -- C, the exact gradient --
+    cannot be taken (torch raises). The non-reentrant form gives C, the exact and the
+    first-order gradients bit for bit (tests/train/test_engine.py), because every estimator
+    runs its backward inside ``gating``, where the recomputation applies the same gates.
+    transformers checkpoints only in training mode."""
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True and module.training:
+            func = getattr(module, "_gradient_checkpointing_func", None)
+            if getattr(func, "keywords", {}).get("use_reentrant", True) is not False:
+                raise CdscopeError(
+                    "reentrant activation checkpointing is on (use_reentrant=True): the gate "
+                    "gradients cannot run through it; enable it with use_reentrant=False "
+                    "(cdscope train --activation-checkpointing does)"
+                )

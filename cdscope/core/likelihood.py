@@ -21,6 +21,7 @@ from torch import nn
 
 from cdscope.core.batch import ProbeBatch
 from cdscope.core.models.adapters import check_fits
+from cdscope.distributed import is_sharded
 
 #: vocabulary rows of a half-precision output head cast to float32 at a time
 HEAD_CHUNK = 16384
@@ -75,12 +76,29 @@ def row_target_logprobs(model: nn.Module, batch: ProbeBatch, rows: torch.Tensor)
     width = int(batch.lengths[rows].max())
     check_fits(model, width, "a probe row (prompt + target)", "use shorter probe items")
     input_ids = batch.input_ids[rows.to(batch.input_ids.device), :width]
-    hidden = _backbone(model)(input_ids=input_ids, use_cache=False).last_hidden_state
     local, pos, labels = batch.predicting_positions(rows)
-    # under a device map the last layer and the output head may sit on other devices
-    logits = output_logits(model, hidden[local.to(hidden.device), pos.to(hidden.device)])
+    if is_sharded(model):
+        logits = _root_logits(model, input_ids, local, pos)
+    else:
+        hidden = _backbone(model)(input_ids=input_ids, use_cache=False).last_hidden_state
+        # under a device map the last layer and the output head may sit on other devices
+        logits = output_logits(model, hidden[local.to(hidden.device), pos.to(hidden.device)])
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least, fp64 kept
     token_logp = -F.cross_entropy(logits, labels.to(logits.device), reduction="none")
     return torch.zeros(len(rows), dtype=token_logp.dtype, device=token_logp.device).index_add(
         0, local.to(token_logp.device), token_logp
     )
+
+
+def _root_logits(
+    model: nn.Module, input_ids: torch.Tensor, local: torch.Tensor, pos: torch.Tensor
+) -> torch.Tensor:
+    """Logits at the scored positions through the model's own (root) forward: the path of an
+    FSDP2-sharded model, whose root forward all-gathers the parameters outside the decoder
+    blocks (embedding, final norm, head) and registers their reduce-scatter — calling the
+    backbone and the head separately would bypass both (docs/distributed.md). The head runs
+    only at the scored positions (``logits_to_keep`` as a boolean ``[rows, width]`` mask, whose
+    row-major order is ``predicting_positions``' order); the forward applies soft-capping."""
+    keep = torch.zeros(input_ids.shape, dtype=torch.bool, device=input_ids.device)
+    keep[local.to(keep.device), pos.to(keep.device)] = True
+    return model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits

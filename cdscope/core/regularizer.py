@@ -47,14 +47,15 @@ from cdscope.core.batch import ProbeBatch, row_chunks
 from cdscope.core.control import EPS0, ControlResult, control_autograd
 from cdscope.core.gate_sites import gate_dtype
 from cdscope.core.gates import GatedModel
+from cdscope.core.grad_sink import GradSink, gate_gradient
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
 from cdscope.core.regularizer_precision import check_realised_perturbation, check_step_resolution
+from cdscope.distributed import held_unsharded
 from cdscope.errors import CdscopeError
+from cdscope.settings import DEFAULT_EPS, DEFAULT_ESTIMATOR, GRADIENT_ESTIMATORS
 
 W_FLOOR = 1e-12
-#: estimators of the regulariser gradient (proxy_grad); not the C estimators (frames.C_ESTIMATORS)
-GRADIENT_ESTIMATORS = ("exact", "proxy", "richardson", "folded")
 #: (fold_normaliser, richardson) -> estimator name of a ``proxy_grad`` result
 _NAMES = {
     (False, False): "proxy",
@@ -62,9 +63,6 @@ _NAMES = {
     (True, False): "folded",
     (True, True): "folded-richardson",
 }
-#: The default first-order estimator, chosen from the measured fidelity table (docs/gradcheck.md).
-DEFAULT_ESTIMATOR = "folded"
-DEFAULT_EPS = 0.01
 
 
 @dataclass
@@ -104,13 +102,6 @@ def _safe_inverse(ell: torch.Tensor) -> torch.Tensor:
     """1 / l_m, pushed away from zero (sign kept) when |l_m| < eps0 (SPEC §5)."""
     sign = torch.where(ell >= 0, 1.0, -1.0).to(ell)
     return 1.0 / torch.where(ell.abs() < EPS0, ell + EPS0 * sign, ell)
-
-
-def _grads(
-    output: torch.Tensor, params: list[nn.Parameter], retain: bool = False
-) -> list[torch.Tensor]:
-    grads = torch.autograd.grad(output, params, allow_unused=True, retain_graph=retain)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
 
 
 def _double_backward_error(exc: RuntimeError, model: nn.Module) -> CdscopeError:
@@ -158,19 +149,19 @@ def exact_grad(
     scale = torch.where(kept, 1.0 / (batch.family_sizes().double() * ell), 0.0)  # 1/(n_m l_m)
     row_W = (W * scale[:, None])[batch.row_family].to(device=device, dtype=dtype)  # noqa: N806
     row_c = (w_dot_c * scale)[batch.row_family].to(device=device, dtype=dtype)
-    grads = [torch.zeros_like(p) for p in chosen]
     try:
-        for rows in row_chunks(batch.B, batch_size, batch.lengths):
-            gates = torch.ones(
-                len(rows), gm.gate_set.K, device=device, dtype=dtype, requires_grad=True
-            )
-            with gm.gating(gates):
-                logp = row_target_logprobs(model, batch, rows).to(dtype)
-            (gate_grad,) = torch.autograd.grad(logp.sum(), gates, create_graph=True)
-            rows_on = rows.to(device)
-            bracket = (row_W[rows_on] * gate_grad).sum() - (row_c[rows_on] * logp).sum()
-            for acc, g in zip(grads, _grads(bracket, chosen), strict=True):
-                acc.add_(g)
+        with GradSink(model, chosen, "the exact regulariser gradient") as sink:
+            for rows in row_chunks(batch.B, batch_size, batch.lengths):
+                gates = torch.ones(
+                    len(rows), gm.gate_set.K, device=device, dtype=dtype, requires_grad=True
+                )
+                # both backward passes inside the block: checkpointing reruns the gated forward
+                with gm.gating(gates), held_unsharded(model):
+                    logp = row_target_logprobs(model, batch, rows).to(dtype)
+                    gate_grad = gate_gradient(logp.sum(), gates, create_graph=True)
+                    rows_on = rows.to(device)
+                    bracket = (row_W[rows_on] * gate_grad).sum() - (row_c[rows_on] * logp).sum()
+                    sink.add(bracket)
     except RuntimeError as exc:
         if (
             "derivative" in str(exc)
@@ -181,7 +172,7 @@ def exact_grad(
         raise
     families = [f for f, k in zip(batch.families, nominal.kept.tolist(), strict=True) if k]
     return GradResult(
-        grads,
+        sink.grads,
         float(moment_ratio_torch(C)),
         C.numpy(),
         families,
@@ -282,16 +273,17 @@ def proxy_grad(
         normaliser = torch.zeros(batch.M, device=device, dtype=dtype)
 
     # 2. Perturbed rows: family m's rows carry gates 1 + o Ŵ_m; backward chunk by chunk.
-    grads = [torch.zeros_like(p) for p in chosen]
+    sink = GradSink(model, chosen, f"the {_NAMES[folded, richardson]} regulariser gradient")
 
     def backpropagate(
         rows: torch.Tensor, gates: torch.Tensor | None, coefficient: torch.Tensor
     ) -> torch.Tensor:
-        """grads += grad of sum_b coefficient_b log pi_b (``gates`` None: g = 1); log pi."""
+        """grads += grad of sum_b coefficient_b log pi_b (``gates`` None: g = 1); log pi.
+        The backward runs inside the gating block: activation checkpointing reruns the
+        gated forward during it."""
         with gm.gating(gates):
             logp = row_target_logprobs(model, batch, rows).to(dtype)
-        for acc, g in zip(grads, _grads((coefficient * logp).sum(), chosen), strict=True):
-            acc.add_(g)
+            sink.add((coefficient * logp).sum())
         return logp.detach()
 
     virtual = torch.arange(len(offsets) * B)  # offset index = v // B, batch row = v % B
@@ -300,27 +292,29 @@ def proxy_grad(
     mean_of = torch.tensor(means, dtype=dtype, device=device)[virtual // B]
     rows_of = virtual % B
     logp_all = torch.zeros(len(virtual), dtype=dtype, device=device)
-    for chunk in row_chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets))):
-        rows = rows_of[chunk]
-        family = row_family[rows.to(device)]
-        gates = 1.0 + offset_of[chunk, None] * direction[family]
-        coefficient = amplitude[family] * weight_of[chunk] + normaliser[family] * mean_of[chunk]
-        logp_all[chunk] = backpropagate(rows, gates, coefficient / sizes[family])
-
-    # 3. Unfolded normaliser term, once every D_m is known: sum_m a_m D_m grad N_m with
-    #    grad N_m = -N_m^2 grad l_m and l_m the mean of its rows' log pi, so it is one more
-    #    nominal forward + backward per chunk with per-row coefficients (no graph kept).
-    if not detach_normaliser and not folded:
-        per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
-        derivative = _family_sum(per_row, batch) / sizes  # D_m
-        per_family = -w_norm * derivative * inverse**2  # d(a_m D_m N_m)/d l_m
-        for rows in row_chunks(B, batch_size, batch.lengths):
+    with sink:
+        chunks = row_chunks(len(virtual), batch_size or B, batch.lengths.repeat(len(offsets)))
+        for chunk in chunks:
+            rows = rows_of[chunk]
             family = row_family[rows.to(device)]
-            backpropagate(rows, None, per_family[family] / sizes[family])
+            gates = 1.0 + offset_of[chunk, None] * direction[family]
+            coefficient = amplitude[family] * weight_of[chunk] + normaliser[family] * mean_of[chunk]
+            logp_all[chunk] = backpropagate(rows, gates, coefficient / sizes[family])
+
+        # 3. Unfolded normaliser term, once every D_m is known: sum_m a_m D_m grad N_m with
+        #    grad N_m = -N_m^2 grad l_m and l_m the mean of its rows' log pi, so it is one more
+        #    nominal forward + backward per chunk with per-row coefficients (no graph kept).
+        if not detach_normaliser and not folded:
+            per_row = (weight_of * logp_all).view(len(offsets), B).sum(0)  # sum_o c_o log pi_b(o)
+            derivative = _family_sum(per_row, batch) / sizes  # D_m
+            per_family = -w_norm * derivative * inverse**2  # d(a_m D_m N_m)/d l_m
+            for rows in row_chunks(B, batch_size, batch.lengths):
+                family = row_family[rows.to(device)]
+                backpropagate(rows, None, per_family[family] / sizes[family])
     families = [f for f, k in zip(batch.families, nominal.kept.tolist(), strict=True) if k]
     R = float(moment_ratio_torch(C_bar.double()))  # noqa: N806
     return GradResult(
-        grads,
+        sink.grads,
         R,
         C_bar.double().cpu().numpy(),
         families,

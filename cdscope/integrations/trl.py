@@ -15,14 +15,18 @@ as the hf loop, in the same order:
 * ``on_optimizer_step`` — right after ``optimizer.step()``: ``CDRFTStep.after_update``
   (the projection loop while B_shared > tau and fewer than K_max iterations);
 * ``on_log`` — TRL's per-step metrics (loss, KL, gradient norm) and the reward columns
-  with ``CDRFTStep.log_fields`` into ``OUT/log.parquet`` (atomic writes).
+  with ``CDRFTStep.log_fields`` into ``OUT/log.parquet`` (atomic writes), and the same
+  fields into TRL's log call, so ``--report-to`` (TRL's ``report_to``) trackers get them
+  (``train.tracking``; this callback runs before the trackers' callbacks, ``run_first``).
 
 ``tests/train/test_cdrft_parity.py`` checks that one step through TRL and one through the hf
 loop, from the same weights on the same rollouts, give the same parameters. Under DDP
 (torchrun / accelerate launch) the step object broadcasts rank 0's lambda grad R and
 projected weights, so the regulariser enters once per optimizer step, not once per rank
-(tested: 2 CPU ranks equal 1 process, ``tests/train/test_trl_ddp.py``). FSDP and DeepSpeed are
-refused with one line (``refuse_sharded_engines``): see docs/distributed.md.
+(tested: 2 CPU ranks equal 1 process, ``tests/train/test_trl_ddp.py``). Under accelerate's
+FSDP2 plugin the same step adds lambda grad R to the DTensor shards' gradients (every rank
+on the whole probe; FSDP's mean is the gradient itself); FSDP1 and DeepSpeed are refused
+with one line (``check_engines``): see docs/distributed.md.
 
 Differences from the hf loop, by design of TRL: the data order is TRL's seeded sampler,
 TRL scores log-probs of temperature-scaled logits, and checkpoints / ``--resume`` use
@@ -31,6 +35,7 @@ the Trainer's own ``checkpoint-N`` folders under ``OUT/trl``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -39,15 +44,18 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 from rich.console import Console
 
 from cdscope.core.gates import GatedModel
+from cdscope.distributed import launch_env, process_group
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
 from cdscope.tasks.format import Task
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
+from cdscope.train.tracking import cdscope_fields
 
 try:  # optional extra: pip install 'cdscope[trl]'
     from transformers import PrinterCallback, TrainerCallback
@@ -87,6 +95,10 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         self.step_s = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # accelerate's FSDP2 plugin has replaced the parameters by DTensor shards by now:
+        # the step adds to (and checks) the ones the optimizer steps
+        model = kwargs.get("model") or self.inputs.model
+        self.cdrft.params = [p for p in model.parameters() if p.requires_grad]
         # the Trainer has loaded the checkpoint's state by now: drop rows of later steps
         # (logged before an interruption, then lost with their unsaved checkpoint)
         if self.rows or state.global_step:
@@ -115,12 +127,24 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         row.update(self.cdrft.log_fields(), step_s=self.step_s)
         self.rows.append(row)
         self.pending = None
+        # --report-to: the row's fields join TRL's in this log call, which the tracker
+        # callbacks (after this one: run_first) send to TRL's report_to
+        logs.update({k: v for k, v in cdscope_fields(row).items() if k not in logs})
         if state.is_world_process_zero:  # every rank holds the same rows; one writes them
             write_parquet(
                 pd.DataFrame(self.rows),
                 Path(self.inputs.cfg.out_dir) / LOG_NAME,
                 self.inputs.metadata,
             )
+
+
+def run_first(trainer: Any, callback: Any) -> None:
+    """Put ``callback`` before the Trainer's tracker callbacks (which ``report_to`` puts
+    ahead of the callbacks a user passes): its ``on_log`` adds the log row's fields to the
+    ``logs`` dict the trackers then send."""
+    callbacks = trainer.callback_handler.callbacks
+    callbacks.remove(callback)
+    callbacks.insert(0, callback)
 
 
 def last_checkpoint(trl_dir: Path) -> Path | None:
@@ -196,19 +220,28 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         seed=cfg.seed,
         logging_steps=1,
         save_steps=cfg.save_every,
-        report_to="none",
+        report_to=cfg.report_to,  # TRL's own trackers (train/tracking.py)
         use_cpu=device == "cpu",
         bf16=False,
-        # TRL turns activation checkpointing on by default; the probe's gate-gradient
-        # backward (torch.autograd.grad w.r.t. the gates) cannot run through it
-        gradient_checkpointing=False,
+        # --activation-checkpointing: transformers' non-reentrant checkpointing (TRL's
+        # default is on); the gates stay set through every probe backward (core/gates.py)
+        gradient_checkpointing=cfg.activation_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         disable_tqdm=True,
     )
-    if overrides.get("gradient_checkpointing"):
-        raise CdscopeError(
-            "--trl-arg gradient_checkpointing=true: the probe's gate-gradient backward cannot "
-            "run through activation checkpointing; leave it off"
-        )
+    owned = {
+        "report_to": "give the tracker with --report-to (it reaches TRL's report_to and adds "
+        "the log's fields)",
+        "gradient_checkpointing": "turn activation checkpointing on with "
+        "--activation-checkpointing (non-reentrant, both backends)",
+        "gradient_checkpointing_kwargs": "cdscope sets use_reentrant=False (reentrant "
+        "checkpointing cannot give the gate gradients); use --activation-checkpointing",
+    }
+    for key, reason in owned.items():
+        if key in overrides:
+            raise CdscopeError(f"--trl-arg {key}: {reason}, not --trl-arg {key}")
+    if overrides.get("use_vllm"):
+        require_vllm()
     values.update(overrides)
     try:
         return GRPOConfig(**values)
@@ -216,24 +249,62 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         raise CdscopeError(f"TRL GRPOConfig refused the settings: {exc}") from exc
 
 
-def refuse_sharded_engines(trainer: Any) -> None:
-    """One line instead of a wrong gradient: FSDP and DeepSpeed are not supported (yet).
+def require_vllm() -> None:
+    """One line where TRL's vLLM rollouts (``--trl-arg use_vllm=true``) cannot run: vLLM
+    generates on CUDA GPUs only, and is an extra of TRL's (``trl[vllm]``)."""
+    import importlib.util
 
-    The callback adds lambda grad R to each parameter's ``.grad`` and runs the probe
-    through the backbone and the output head separately. Under FSDP the parameters are
-    shards (the probe forward would see DTensor shards outside the root's all-gather, and
-    autograd would not reach the sharded parameters); DeepSpeed keeps gradients in its own
-    partitioned buffers (ZeRO-2/3) and steps from them, so ``.grad`` is not what it applies.
-    """
-    engine = (
-        "FSDP" if getattr(trainer, "is_fsdp_enabled", False)
-        else "DeepSpeed" if getattr(trainer, "is_deepspeed_enabled", False)
-        else None
-    )  # fmt: skip
-    if engine is not None:
+    if not torch.cuda.is_available():
         raise CdscopeError(
-            f"--backend trl under {engine}: the CD-RFT callback needs whole parameters and "
-            "plain .grad tensors; launch with DDP (docs/accelerate/ddp.yaml or torchrun) instead"
+            "--trl-arg use_vllm=true: vLLM rollouts need CUDA GPUs and this machine has "
+            "none; drop use_vllm (TRL then samples with the policy itself, docs/train.md)"
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise CdscopeError(
+            "--trl-arg use_vllm=true needs vLLM: pip install 'trl[vllm]' (docs/train.md)"
+        )
+
+
+def check_engines(trainer: Any) -> None:
+    """One line instead of a wrong gradient for the engines the CD-RFT step cannot drive.
+
+    * FSDP2 (accelerate's plugin, ``fsdp_version: 2``): supported. The parameters are
+      DTensor shards the callback refreshes at ``on_train_begin``; the probe runs through the
+      root forward and lambda grad R reaches the shards' ``.grad`` through FSDP's backward
+      (``core.grad_sink.GradSink``). Its mixed precision must stay off: FSDP2 would run the
+      probe's forwards in bf16, where the regulariser's gate steps eps * Ŵ are rounded away.
+    * FSDP1 (``fsdp_version: 1``): refused -- it flattens parameters into ``FlatParameter``s
+      whose ``.grad`` is not per parameter.
+    * DeepSpeed ZeRO: refused. Under accelerate the engine takes its optimizer step inside
+      ``accelerator.backward`` of the last micro-batch and zeroes the gradients, so the
+      Trainer's ``on_pre_optimizer_step`` -- where lambda grad R joins the gradient on every
+      other engine -- runs after the update (measured: docs/distributed.md).
+    """
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        raise CdscopeError(
+            "--backend trl under DeepSpeed: its engine steps inside accelerate's backward, "
+            "before the CD-RFT callback can add lambda grad R; shard with FSDP2 instead "
+            "(accelerate launch --config_file docs/accelerate/fsdp2.yaml)"
+        )
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        return
+    plugin = trainer.accelerator.state.fsdp_plugin
+    if getattr(plugin, "fsdp_version", 1) != 2:
+        raise CdscopeError(
+            "--backend trl under FSDP1: its flat parameters hold no per-parameter .grad for "
+            "the CD-RFT callback; set fsdp_version: 2 (docs/accelerate/fsdp2.yaml)"
+        )
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    fields = policy if isinstance(policy, dict) else vars(policy) if policy is not None else {}
+    low = [
+        d for d in (fields.get("param_dtype"), fields.get("reduce_dtype"))
+        if d is not None and d not in (torch.float32, torch.float64, "fp32", "no")
+    ]  # fmt: skip
+    if low:
+        raise CdscopeError(
+            f"--backend trl under FSDP2 with mixed precision ({low[0]}): the probe's forwards "
+            "would run in it and round the regulariser's gate steps away; set "
+            "mixed_precision: 'no' (docs/accelerate/fsdp2.yaml)"
         )
 
 
@@ -263,7 +334,15 @@ def train_with_trl(
         [{"prompt": t.prompt, "task_index": i} for i, t in enumerate(inputs.tasks)]
     )
     rewards = RewardRecorder(inputs)
-    with GatedModel(inputs.model, granularity=inputs.cfg.granularity) as gm:
+    launch = launch_env()
+    device = next(inputs.model.parameters()).device.type
+    with (
+        # under a launcher the group is joined here (accelerate then uses it) and destroyed
+        # at the end: a gloo group left to the interpreter's exit can abort the process
+        # ("terminate called without an active exception", pytorch/pytorch#190489)
+        process_group(launch, device) if launch.active else contextlib.nullcontext(),
+        GatedModel(inputs.model, granularity=inputs.cfg.granularity) as gm,
+    ):
         callback = CDRFTCallback(inputs, gm, rewards, resume)
         trainer = GRPOTrainer(
             model=inputs.model,
@@ -274,12 +353,12 @@ def train_with_trl(
             callbacks=[callback],
             rollout_func=rollout_func,
         )
-        refuse_sharded_engines(trainer)
+        check_engines(trainer)
+        run_first(trainer, callback)
         trainer.remove_callback(PrinterCallback)  # the per-step table goes to the log instead
         dim(console, f"TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}")
         trainer.train(resume_from_checkpoint=True if resume else None)
-    final = None
-    if trainer.is_world_process_zero():
+        # every rank: an FSDP2 model's weights are gathered to rank 0, which writes
         final = save_final_model(inputs.model, inputs.tokenizer, Path(inputs.cfg.out_dir) / "final")
     log = pd.DataFrame(callback.rows)
     steps_done = int(trainer.state.global_step)

@@ -15,19 +15,15 @@ import numpy as np
 import pandas as pd
 
 from cdscope.analysis.uncertainty import FamilySamples
-from cdscope.core.gate_sites import GATE_GRANULARITIES
-from cdscope.errors import CdscopeError
+
+# ProbeSettings lives in cdscope.settings (light: the CLI reads its defaults without numpy);
+# bound here too because the Python API and older code import it from this module
+from cdscope.settings import ProbeSettings  # noqa: F401
 
 if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
     from cdscope.core.models.loading import LoadedModel
     from cdscope.core.models.placement import Placement
 
-#: estimators of C (SPEC §2): one backward, or 2K gated forwards (the slow check)
-C_ESTIMATORS = ("autograd", "fd")
-#: gate granularities (``cdscope.core.gates.GatedModel``; docs/granularity.md): one gate per
-#: residual write, per attention head, per routed/shared MoE expert, per MLP neuron; and
-#: one per edge of the EAP graph (``cdscope.core.edge_control``, not a GatedModel gate set)
-GRANULARITIES = (*GATE_GRANULARITIES, "edge")
 FRAME_COLUMNS = [
     "model",
     "seed",
@@ -50,51 +46,6 @@ SAMPLE_COLUMNS = ["logp_samples", "dlogp_samples", "F_samples"]
 #: Column ``unit`` (nullable Int64): the head / expert / neuron index of a gate at a finer
 #: granularity, null for a gate on a whole write; files from before it lack it (all null).
 UNIT_COLUMN = "unit"
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """What defines a probe measurement; runs are comparable only when these agree."""
-
-    seeds: tuple[int, ...]
-    n: int = 3
-    template: str = "plain"
-    estimator: str = "autograd"
-    batch_size: int | None = None
-    fd_step: float = 1e-2
-    fd_order: int = 2
-    granularity: str = "sublayer"
-
-    def __post_init__(self) -> None:
-        if self.granularity not in GRANULARITIES:
-            raise CdscopeError(
-                f"--granularity must be one of {', '.join(GRANULARITIES)}; got {self.granularity!r}"
-            )
-        if not self.seeds:
-            raise CdscopeError("--seeds must be at least 1")
-        if self.estimator not in C_ESTIMATORS:
-            raise CdscopeError(
-                f"--estimator must be one of {', '.join(C_ESTIMATORS)}; got {self.estimator!r}"
-            )
-        if self.granularity == "edge" and self.estimator != "autograd":
-            raise CdscopeError(
-                "edge granularity has only the autograd estimator: drop --estimator fd"
-            )
-        if self.fd_order not in (2, 4):
-            raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise CdscopeError(f"--batch-size must be at least 1, got {self.batch_size}")
-
-    def comparable(self) -> dict:
-        """The settings two runs must share for their numbers to be paired (and that
-        ``--resume`` compares): n, template, estimator, the fd stencil when used, and the
-        granularity when it is not ``sublayer`` (files from before it existed match)."""
-        same = {"n": self.n, "template": self.template, "estimator": self.estimator}
-        if self.estimator == "fd":
-            same |= {"fd_step": self.fd_step, "fd_order": self.fd_order}
-        if self.granularity != "sublayer":
-            same["granularity"] = self.granularity
-        return same
 
 
 def describe_seeds(seeds: Sequence[int]) -> str:

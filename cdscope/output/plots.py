@@ -1,47 +1,102 @@
-"""Figures readable at paper size (matplotlib, Agg backend, PNG or PDF, atomic writes).
+"""Figures readable at paper size (matplotlib without pyplot; PNG, PDF or SVG, atomic writes).
 
-- ``plot_audit``: per-model bars (mean ± SE over seeds) with per-seed points for the
+Every figure is a ``NotebookFigure`` built by a ``*_figure`` function and returned, so a
+notebook shows it (``_repr_png_``) and a script can change or save it; the ``plot_*``
+functions write one to a path. No figure goes through pyplot: nothing switches the
+caller's backend, registers a global figure or draws twice in a notebook, and the style
+(``STYLE``) applies inside ``styled`` only, never to the caller's rcParams.
+
+- ``audit_figure``: per-model bars (mean ± SE over seeds) with per-seed points for the
   headline measures, plus a forest plot of same-seed paired deltas (95% t-interval)
   when there are several models.
-- ``plot_decompose``: B_shared, B_dir, B_norm side by side, and the |cos| matrix of
+- ``decompose_figure``: B_shared, B_dir, B_norm side by side, and the |cos| matrix of
   family rows (mean over seeds) per model.
-- ``plot_random_reference``: histogram of the random-reference B_shared with the
+- ``random_reference_figure``: histogram of the random-reference B_shared with the
   measured value and the 95th/99th percentiles marked.
-- ``plot_passk``: pass@k against k, one panel per domain plus overall, one line per model.
+- ``passk_figure``: pass@k against k, one panel per domain plus overall, one line per model.
+
+Given ``ax=`` (an Axes of the caller's figure), the audit, decompose and random-reference
+figures draw their first panel there and return the caller's figure.
 """
 
 from __future__ import annotations
 
-import re
+import functools
+import io
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from cdscope.io import atomic_write_bytes, check_plot_path  # noqa: E402
+from cdscope.io import atomic_write_bytes, check_plot_path
+from cdscope.output.render import negatives
 
 PALETTE = ["#1f4e79", "#c55a11", "#548235", "#7030a0", "#bf9000", "#2e75b6", "#a50021"]
 LABELS = {
     "B_shared_C": "B_shared(C)",
+    "B_shared_C_unbiased": "B_shared(C)\ncorrected",
     "B_shared_F": "B_shared(F)",
     "R_C": "R(C)",
     "ACG": "ACG",
     "B_dir": "B_dir",
     "B_norm": "B_norm",
 }
+MARKERS = ("o", "s", "^", "D", "v")
+STYLE = {
+    "font.size": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+}
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def save_figure(fig: plt.Figure, path: Path) -> None:
+class NotebookFigure(Figure):
+    """A matplotlib Figure made without pyplot that a notebook shows as a PNG."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+        return buffer.getvalue()
+
+
+def styled(draw: F) -> F:
+    """Run ``draw`` under ``STYLE`` (matplotlib.rc_context): the caller's rcParams stay."""
+
+    @functools.wraps(draw)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with matplotlib.rc_context(STYLE):
+            return draw(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def new_figure(figsize: tuple[float, float], layout: str | None = "constrained") -> Figure:
+    """An empty ``NotebookFigure`` (constrained layout: titles, labels and colour bars
+    keep their room)."""
+    return NotebookFigure(figsize=figsize, layout=layout)
+
+
+def new_axes(
+    nrows: int, ncols: int, figsize: tuple[float, float], **kwargs: Any
+) -> tuple[Figure, np.ndarray]:
+    """A ``NotebookFigure`` and its [nrows, ncols] array of Axes (``Figure.subplots``
+    with ``kwargs``; ``layout`` goes to the figure)."""
+    fig = new_figure(figsize, kwargs.pop("layout", "constrained"))
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kwargs)
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` to ``path`` atomically (format from the suffix: png, pdf, svg)."""
     fmt = check_plot_path(path)
     atomic_write_bytes(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=200, bbox_inches="tight"))
-    plt.close(fig)
-
-
-MARKERS = ("o", "s", "^", "D", "v")
+    return Path(path)
 
 
 def short_label(name: str, width: int = 22) -> str:
@@ -53,26 +108,15 @@ def short_label(name: str, width: int = 22) -> str:
     return name.replace("$", r"\$")
 
 
-def apply_style() -> None:
-    plt.rcParams.update(
-        {
-            "font.size": 10,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-            "axes.titlesize": 11,
-            "axes.labelsize": 10,
-        }
-    )
-
-
 def _bars(
-    ax: plt.Axes,
+    ax: Axes,
     per_seed: pd.DataFrame,
     summary: pd.DataFrame,
     measures: list[str],
     models: list[str],
 ) -> None:
-    """Grouped bars: one group per measure, one bar per model, per-seed points on top."""
+    """Grouped bars: one group per measure, one bar per model, per-seed points on top; the
+    legend (models) outside the axes, where no bar or point can lie under it."""
     width = 0.8 / len(models)
     rng = np.random.default_rng(0)
     for i, model in enumerate(models):
@@ -90,12 +134,14 @@ def _bars(
                 alpha=0.55,
                 label=short_label(model) if j == 0 else None,
             )
-            ax.errorbar(x, mean, yerr=0 if np.isnan(se) else se, color="black", capsize=4, lw=1.2)
+            if not np.isnan(se):  # one seed: no SE, no whisker
+                ax.errorbar(x, mean, yerr=se, color="black", capsize=4, lw=1.2)
             seeds = (
                 100
                 * per_seed[(per_seed["model"] == model) & (per_seed["measure"] == measure)]["value"]
             )
-            jitter = rng.uniform(-width * 0.25, width * 0.25, len(seeds))
+            spread = width * 0.25 if len(seeds) > 1 else 0.0
+            jitter = rng.uniform(-spread, spread, len(seeds))
             ax.scatter(
                 x + jitter,
                 seeds,
@@ -106,12 +152,15 @@ def _bars(
                 zorder=3,
             )
     ax.set_xticks(range(len(measures)), [LABELS.get(m, m) for m in measures])
-    ax.set_ylabel("percent (mean ± SE over seeds, dots = seeds)")
+    several = per_seed.groupby("model")["seed"].nunique().max() > 1
+    ax.set_ylabel(
+        "percent (mean ± SE over seeds, dots = seeds)" if several else "percent (one seed)"
+    )
     ax.axhline(0, color="grey", lw=0.6)
-    ax.legend(frameon=False, fontsize=9, loc="best")
+    ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-def _forest(ax: plt.Axes, paired: pd.DataFrame, measures: list[str]) -> None:
+def _forest(ax: Axes, paired: pd.DataFrame, measures: list[str]) -> None:
     """Paired deltas (model - reference) with 95% t-intervals, in percentage points."""
     rows = paired[paired["measure"].isin(measures)].reset_index(drop=True)
     labels = []
@@ -123,10 +172,8 @@ def _forest(ax: plt.Axes, paired: pd.DataFrame, measures: list[str]) -> None:
         if not np.isnan(lo):
             ax.plot([lo, hi], [y, y], color=color, lw=2)
         ax.plot(mean, y, "o", color=color, ms=7)
-        labels.append(
-            f"{short_label(row['model'], 18)}\n{LABELS.get(row['measure'], row['measure'])}  "
-            f"({row['n_negative']}/{row['n']} < 0)"
-        )
+        measure = LABELS.get(row["measure"], row["measure"]).replace("\n", " ")
+        labels.append(f"{short_label(row['model'], 18)}\n{measure}  ({negatives(row)} < 0)")
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # top to bottom, no empty band for few rows
@@ -135,45 +182,56 @@ def _forest(ax: plt.Axes, paired: pd.DataFrame, measures: list[str]) -> None:
     ax.set_title("Same-seed paired differences")
 
 
-def plot_audit(
-    path: Path,
+def _seeds_title(summary: pd.DataFrame) -> str:
+    n_seeds = int(summary["n_seeds"].max()) if len(summary) else 0
+    return f"{n_seeds} seed{'' if n_seeds == 1 else 's'}"
+
+
+@styled
+def audit_figure(
     title: str,
     per_seed: pd.DataFrame,
     summary: pd.DataFrame,
     paired: pd.DataFrame,
     measures: list[str],
-) -> None:
-    apply_style()
+    ax: Axes | None = None,
+) -> Figure:
+    """Bars of ``measures`` per model and, with several models, the forest of paired
+    deltas beside them (``ax``: the bars only, on the caller's Axes)."""
     models = list(dict.fromkeys(per_seed["model"]))
-    several = len(models) > 1 and not paired.empty
-    fig, axes = plt.subplots(
-        1,
-        2 if several else 1,
-        figsize=(11 if several else 6, 4.2),
-        gridspec_kw={"width_ratios": [1.1, 1]} if several else None,
-        squeeze=False,
-    )
-    _bars(axes[0, 0], per_seed, summary, measures, models)
-    n_seeds = int(summary["n_seeds"].max()) if len(summary) else 0
-    axes[0, 0].set_title(f"{title} — {n_seeds} seed(s)")
+    measures = [m for m in measures if (summary["measure"] == m).any()]
+    several = len(models) > 1 and not paired.empty and ax is None
+    if ax is None:
+        fig, axes = new_axes(
+            1, 2 if several else 1, (12 if several else 6.5, 4.2),
+            **({"width_ratios": [1.1, 1]} if several else {}),
+        )  # fmt: skip
+        ax = axes[0, 0]
+    _bars(ax, per_seed, summary, measures, models)
+    ax.set_title(f"{title} — {_seeds_title(summary)}")
     if several:
         _forest(axes[0, 1], paired, measures)
-    fig.tight_layout()
-    save_figure(fig, path)
+    return ax.figure
 
 
-def plot_decompose(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame) -> None:
-    apply_style()
+@styled
+def decompose_figure(
+    per_seed: pd.DataFrame, summary: pd.DataFrame, ax: Axes | None = None
+) -> Figure:
+    """B_shared, B_dir, B_norm bars and one |cos| heatmap of C's rows per model (``ax``:
+    the bars only)."""
     models = list(dict.fromkeys(per_seed["model"]))
-    fig, axes = plt.subplots(
-        1, 1 + len(models), figsize=(5.5 + 3.6 * len(models), 4.2), squeeze=False
-    )
+    if ax is not None:
+        _bars(ax, per_seed, summary, ["B_shared_C", "B_dir", "B_norm"], models)
+        ax.set_title(f"Bottleneck decomposition — {_seeds_title(summary)}")
+        return ax.figure
+    fig, axes = new_axes(1, 1 + len(models), (6.5 + 3.8 * len(models), 4.2))
     _bars(axes[0, 0], per_seed, summary, ["B_shared_C", "B_dir", "B_norm"], models)
-    axes[0, 0].set_title("Bottleneck decomposition")
+    axes[0, 0].set_title(f"Bottleneck decomposition — {_seeds_title(summary)}")
     for i, model in enumerate(models):
         ax = axes[0, i + 1]
-        cos = summary[(summary["model"] == model) & summary["measure"].str.startswith("abs_cos[")]
-        pairs = [re.match(r"abs_cos\[(.+)\|(.+)\]", m).groups() for m in cos["measure"]]  # type: ignore[union-attr]
+        cos = summary[(summary["model"] == model) & (summary["measure"] == "abs_cos")]
+        pairs = list(zip(cos["family"], cos["family_b"], strict=True))
         families = sorted({f for pair in pairs for f in pair})
         matrix = np.eye(len(families))
         for (a, b), value in zip(pairs, cos["mean"], strict=True):
@@ -195,22 +253,24 @@ def plot_decompose(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame) ->
         ax.set_yticks(range(len(families)), families)
         ax.set_title(f"|cos| of C rows — {short_label(model)}")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
-def plot_random_reference(
-    path: Path,
+@styled
+def random_reference_figure(
     samples: np.ndarray,
-    M: int,
-    K: int,
+    M: int,  # noqa: N803
+    K: int,  # noqa: N803
     p95: float,
-    p99: float,  # noqa: N803
+    p99: float,
     value: float | None = None,
     percentile: float | None = None,
-) -> None:
-    apply_style()
-    fig, ax = plt.subplots(figsize=(9.5, 4))  # room for the legend beside the axes
+    ax: Axes | None = None,
+) -> Figure:
+    """The histogram of random-matrix B_shared with 1/M, p95, p99 and ``value`` marked."""
+    if ax is None:
+        _, axes = new_axes(1, 1, (9.5, 4))  # room for the legend
+        ax = axes[0, 0]
     ax.hist(100 * samples, bins=80, color="#9dc3e6", edgecolor="#1f4e79", linewidth=0.3)
     ax.axvline(100 / M, color="grey", ls=":", lw=1.2, label=f"1/M bound = {100 / M:.1f}%")
     ax.axvline(100 * p95, color="#548235", ls="--", lw=1.2, label=f"p95 = {100 * p95:.1f}%")
@@ -226,141 +286,17 @@ def plot_random_reference(
     ax.set_ylabel("trials")
     ax.set_title(f"Random reference: M = {M}, K = {K}, {len(samples):,} trials")
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    save_figure(fig, path)
+    return ax.figure
 
 
-def _layer_ticks(names: list[str], prefix: str, L: int) -> tuple[list[int], list[str]]:  # noqa: N803
-    """Every name when there are few; else the first name of every few layers (~8 labels)."""
-    if len(names) <= 32:
-        return list(range(len(names))), list(names)
-    step = max(1, int(np.ceil(L / 8)))
-    first = step if "emb" in names else 0  # emb and attn0 are neighbours: label one
-    wanted = {f"{prefix}{i}" for i in range(first, L, step)} | {"emb", "logits"}
-    picks = [(i, n) for i, n in enumerate(names) if n.split(".")[0] in wanted]
-    seen, ticks, labels = set(), [], []
-    for i, name in picks:
-        node = name.split(".")[0]
-        if node not in seen:
-            seen.add(node)
-            ticks.append(i)
-            labels.append(name)
-    return ticks, labels
-
-
-def _edge_heatmap(
-    ax: plt.Axes,
-    fig: plt.Figure,
-    matrix: np.ndarray,
-    graph,
-    title: str,
-    limits: tuple[float, float],
-) -> None:  # noqa: ANN001
-    """log10 |mean edge score| matrix: upstream node (rows) x downstream path (columns)."""
-    cmap = plt.get_cmap("magma").with_extremes(bad="#eeeeee")  # grey: no such edge
-    image = ax.imshow(
-        np.log10(matrix),
-        aspect="auto",
-        cmap=cmap,
-        vmin=limits[0],
-        vmax=limits[1],
-        interpolation="nearest",
-    )
-    L = graph.num_layers  # noqa: N806
-    xt, xl = _layer_ticks(graph.consumer_names, "attn", L)
-    yt, yl = _layer_ticks(list(graph.upstream), "attn", L)
-    ax.set_xticks(xt, xl, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(yt, yl, fontsize=8)
-    layer_of = [re.sub(r"\D", "", node) for node, _ in graph.consumers]
-    for i in range(1, len(layer_of)):  # layer boundaries: the first path of each block
-        if layer_of[i] != layer_of[i - 1]:
-            ax.axvline(i - 0.5, color="white", lw=0.3, alpha=0.5)
-    ax.set_xlabel("downstream node . path (q/k/v or q/kv into attention, in = other inputs)")
-    ax.set_ylabel("upstream node (writes)")
-    ax.set_title(title)
-    fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="log10 mean |s(u → v)|")
-
-
-def _stat_strip(
-    ax: plt.Axes, per_sample: pd.DataFrame, summary: pd.DataFrame, key: str, models: list[str]
-) -> None:
-    """Per-sample values (dots, paired samples joined) with the mean and its 95% interval."""
-    values = per_sample.pivot(index="sample_id", columns="model", values=key)
-    jitter = np.random.default_rng(0).uniform(-0.08, 0.08, len(values))
-    if len(models) == 2:  # join each sample's two values
-        for j, (va, vb) in enumerate(zip(values[models[0]], values[models[1]], strict=True)):
-            ax.plot([jitter[j], 1 + jitter[j]], [va, vb], color="grey", lw=0.5, alpha=0.5)
-    for i, model in enumerate(models):
-        ax.scatter(
-            i + jitter,
-            values[model],
-            s=16,
-            color=PALETTE[i % len(PALETTE)],
-            alpha=0.7,
-            edgecolor="black",
-            linewidth=0.4,
-            zorder=3,
-        )
-        row = summary[(summary["model"] == model) & (summary["statistic"] == key)].iloc[0]
-        ax.errorbar(
-            i + 0.22,
-            row["mean"],
-            yerr=[[row["mean"] - row["ci_low"]], [row["ci_high"] - row["mean"]]],
-            fmt="D",
-            color="black",
-            capsize=4,
-            ms=5,
-        )
-    ax.set_xticks(range(len(models)), [short_label(m, 16) for m in models], fontsize=8)
-    ax.set_xlim(-0.5, len(models) - 0.5)
-    ax.set_title(EAP_LABELS[key])
-
-
-EAP_LABELS = {
-    "intensity": "intensity = mean |s_e|",
-    "info_complexity": "information complexity = H(p) / log E",
-    "kurtosis": "kurtosis of |s_e| (Pearson)",
-}
-
-
-def plot_eap(
-    path: Path,
-    graph,
-    edges: pd.DataFrame,
-    per_sample: pd.DataFrame,  # noqa: ANN001
-    summary: pd.DataFrame,
-) -> None:
-    """Mean |edge score| heatmap per model (shared log colour scale) and per-sample statistics."""
-    apply_style()
-    models = list(dict.fromkeys(per_sample["model"]))
-    matrices = {
-        m: graph.matrix(edges[edges["model"] == m]["mean_abs_score"].to_numpy()) for m in models
-    }
-    logs = np.log10(np.concatenate([x[np.isfinite(x) & (x > 0)] for x in matrices.values()]))
-    limits = (float(np.quantile(logs, 0.02)), float(logs.max()))  # keep ~0 edges from washing out
-    fig = plt.figure(figsize=(13, 5.2 * len(models) + 3.4))
-    grid = fig.add_gridspec(len(models) + 1, 3, height_ratios=[5.2] * len(models) + [3.0])
-    n = int(per_sample.groupby("model").size().max())
-    for i, model in enumerate(models):
-        title = (
-            f"{short_label(model, 40)}: mean |edge score| over {n} sample(s), "
-            f"{graph.E:,} edges, L = {graph.num_layers}"
-        )
-        _edge_heatmap(fig.add_subplot(grid[i, :]), fig, matrices[model], graph, title, limits)
-    for j, key in enumerate(("intensity", "info_complexity", "kurtosis")):
-        _stat_strip(fig.add_subplot(grid[len(models), j]), per_sample, summary, key, models)
-    fig.tight_layout()
-    save_figure(fig, path)
-
-
-def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None) -> None:
+@styled
+def passk_figure(passk: pd.DataFrame, models: list[str] | None = None) -> Figure:
     """pass@k against k (SPEC §7): one panel per domain plus overall, one line per model
     (in the order of ``models``, default: as they appear)."""
-    apply_style()
     rows = passk[(passk["subset"] == "all") & passk["level"].isin(["domain", "overall"])]
     panels = [*sorted(rows.loc[rows["level"] == "domain", "domain"].unique()), "overall"]
     models = models or list(dict.fromkeys(rows["model"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.3), squeeze=False)
+    fig, axes = new_axes(1, len(panels), (3.4 * len(panels), 3.3))
     for ax, panel in zip(axes[0], panels, strict=True):
         part = (
             rows[rows["level"] == "overall"]
@@ -388,5 +324,9 @@ def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("pass@k (%)")
     axes[0][-1].legend(loc="best", fontsize=8, frameon=False)
-    fig.tight_layout()
-    save_figure(fig, path)
+    return fig
+
+
+def plot_passk(path: Path, passk: pd.DataFrame, models: list[str] | None = None) -> Path:
+    """``passk_figure`` written to ``path``."""
+    return save_figure(passk_figure(passk, models), path)

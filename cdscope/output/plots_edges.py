@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from cdscope.analysis.spectral import cumulative_mass
 from cdscope.output.frames import control_matrices
-from cdscope.output.plots import PALETTE, apply_style, plt, save_figure, short_label
+from cdscope.output.plots import PALETTE, new_axes, save_figure, short_label, styled
 
 
 def _mass_curves(frame: pd.DataFrame, model: str) -> dict[str, np.ndarray]:
@@ -32,12 +33,12 @@ def _mass_curves(frame: pd.DataFrame, model: str) -> dict[str, np.ndarray]:
     return {family: np.mean(rows, axis=0) for family, rows in sorted(curves.items())}
 
 
-def plot_edge_concentration(path: Path, frame: pd.DataFrame, table: pd.DataFrame) -> None:
+@styled
+def edge_concentration_figure(frame: pd.DataFrame, table: pd.DataFrame) -> Figure:
     """The figure of an edge-granularity probe ``frame`` and its per-(model, seed, family)
     ``table`` of E and PR (``cdscope.commands.edge_control.concentration``)."""
-    apply_style()
     models = list(dict.fromkeys(table["model"]))
-    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.8 * len(models)), squeeze=False)
+    fig, axes = new_axes(len(models), 2, (11, 3.8 * len(models)))
     for (mass_ax, pr_ax), model in zip(axes, models, strict=True):
         rows = table[table["model"] == model]
         E = int(rows["E"].iloc[0])  # noqa: N806
@@ -74,5 +75,9 @@ def plot_edge_concentration(path: Path, frame: pd.DataFrame, table: pd.DataFrame
             )
         pr_ax.set_xticks(x, families, rotation=30, ha="right")
         pr_ax.set(ylabel="participation ratio (edges)", title=f"PR of C rows (E = {E})")
-    fig.tight_layout()
-    save_figure(fig, path)
+    return fig
+
+
+def plot_edge_concentration(path: Path, frame: pd.DataFrame, table: pd.DataFrame) -> Path:
+    """``edge_concentration_figure`` written to ``path``."""
+    return save_figure(edge_concentration_figure(frame, table), path)

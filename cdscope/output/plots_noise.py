@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 
-from cdscope.output.plots import PALETTE, apply_style, plt, save_figure, short_label
+from cdscope.output.plots import PALETTE, new_axes, save_figure, short_label, styled
 
 SERIES = {
     "B_shared_C": ("plain B_shared(C)", "-", "o"),
@@ -19,11 +20,11 @@ SERIES = {
 }
 
 
-def plot_nsweep(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame, M: int) -> None:  # noqa: N803
+@styled
+def nsweep_figure(per_seed: pd.DataFrame, summary: pd.DataFrame, M: int) -> Figure:  # noqa: N803
     """The n-sweep figure (module doc); values in percent."""
-    apply_style()
     models = list(dict.fromkeys(per_seed["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 4.4), squeeze=False)
+    fig, axes = new_axes(1, len(models), (6.4 * len(models), 4.4))
     ns = sorted(per_seed["n"].unique())
     for ax, model in zip(axes[0], models, strict=True):
         for i, (measure, (label, style, marker)) in enumerate(SERIES.items()):
@@ -48,8 +49,12 @@ def plot_nsweep(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame, M: in
         ax.set_title(f"{short_label(str(model), 40)}: B_shared against n")
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
-__all__ = ["plot_nsweep"]
+def plot_nsweep(path: Path, per_seed: pd.DataFrame, summary: pd.DataFrame, M: int) -> Path:  # noqa: N803
+    """``nsweep_figure`` written to ``path``."""
+    return save_figure(nsweep_figure(per_seed, summary, M), path)
+
+
+__all__ = ["nsweep_figure", "plot_nsweep"]

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from cdscope.analysis import spectral
 from cdscope.output.frames import control_matrices
-from cdscope.output.plots import PALETTE, apply_style, plt, save_figure, short_label
+from cdscope.output.plots import PALETTE, new_axes, save_figure, short_label, styled
 
 
 def _curves(frame: pd.DataFrame, model: str) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -49,16 +50,13 @@ def head_grid(frame: pd.DataFrame, model: str) -> dict[str, np.ndarray]:
     return out
 
 
-def plot_units(path: Path, frame: pd.DataFrame) -> None:
+@styled
+def units_figure(frame: pd.DataFrame) -> Figure:
     """Mass curves and layer x head heatmaps of C, one row of panels per model."""
-    apply_style()
     models = list(dict.fromkeys(frame["model"]))
     grids = {m: head_grid(frame, m) if "unit" in frame.columns else {} for m in models}
     columns = 1 + max(len(g) for g in grids.values())
-    fig, axes = plt.subplots(
-        len(models), columns, figsize=(4.2 * columns, 3.6 * len(models)), squeeze=False,
-        layout="constrained",
-    )  # fmt: skip
+    fig, axes = new_axes(len(models), columns, (4.2 * columns, 3.6 * len(models)))
     for row, model in enumerate(models):
         families, curves, prs = _curves(frame, model)
         K = curves.shape[1]  # noqa: N806
@@ -92,4 +90,9 @@ def plot_units(path: Path, frame: pd.DataFrame) -> None:
             axes[row, col].axis("off")
         if image is not None:
             fig.colorbar(image, ax=list(axes[row, 1 : 1 + len(grid)]), shrink=0.85, label="C")
-    save_figure(fig, path)
+    return fig
+
+
+def plot_units(path: Path, frame: pd.DataFrame) -> Path:
+    """``units_figure`` written to ``path``."""
+    return save_figure(units_figure(frame), path)

@@ -57,16 +57,34 @@ def seed_summary_table(frame: pd.DataFrame) -> Table:
     return table
 
 
-def _is_fraction(measure: str) -> bool:
-    """PR is a count-like quantity in [1, K]; everything else here is a fraction."""
-    return not measure.startswith("PR[")
+def measure_label(measure: str, family: object = None, family_b: object = None) -> str:
+    """How a tidy table's measure reads for a person: ``B_dir``, ``PR[code]``,
+    ``abs_cos[code|logic]`` (``family`` / ``family_b`` None or NaN when absent)."""
+    names = [str(f) for f in (family, family_b) if isinstance(f, str)]
+    return f"{measure}[{'|'.join(names)}]" if names else measure
 
 
-def _fmt(value: float, measure: str, signed: bool = False) -> str:
+def row_label(row: object) -> str:
+    """``measure_label`` of a row (a Series or a dict) of an audit table."""
+    get = row.get  # type: ignore[attr-defined]
+    return measure_label(get("measure"), get("family"), get("family_b"))
+
+
+def fmt_value(value: float, unit: str = "fraction", signed: bool = False) -> str:
+    """A value for a table: a fraction in percent, anything else (PR in gates) as it is."""
     if value != value:  # NaN
         return "n/a"
-    scaled = 100 * value if _is_fraction(measure) else value
+    scaled = 100 * value if unit == "fraction" else value
     return f"{scaled:+.2f}" if signed else f"{scaled:.2f}"
+
+
+def negatives(row: object) -> str:
+    """'2/3': the paired row's negative Δ_s out of its seeds (counts read back from a
+    Parquet file may be floats: shown as integers)."""
+    get = row.get  # type: ignore[attr-defined]
+    return "/".join(
+        str(int(v)) if v == v else "n/a" for v in (float(get("n_negative")), float(get("n")))
+    )
 
 
 def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
@@ -78,15 +96,16 @@ def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
     for seed in seeds:
         table.add_column(f"s{seed}", justify="right", no_wrap=True)
     rows = per_seed[per_seed["measure"] == measure]
+    unit = str(rows["value_unit"].iloc[0]) if "value_unit" in rows and len(rows) else "fraction"
     nan = float("nan")
     for model in dict.fromkeys(per_seed["model"]):
         part = rows[rows["model"] == model].set_index("seed")
         cells = []
         for s in seeds:
-            cell = Text(_fmt(part["value"].get(s, nan), measure))
+            cell = Text(fmt_value(part["value"].get(s, nan), unit))
             lo, hi = (part[c].get(s, nan) if c in part else nan for c in ("ci_low", "ci_high"))
             if lo == lo and hi == hi:
-                cell.append(f"\n[{_fmt(lo, measure)}, {_fmt(hi, measure)}]", style="dim")
+                cell.append(f"\n[{fmt_value(lo, unit)}, {fmt_value(hi, unit)}]", style="dim")
             cells.append(cell)
         table.add_row(short_model_name(str(model)), *cells)
     return table
@@ -110,15 +129,16 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
         table.add_column("95% CI of Δ", justify="right", no_wrap=True)
         table.add_column("SD of Δ", justify="right", no_wrap=True)
         table.add_column("seeds@80%", justify="right", no_wrap=True)
+    labels = paired.apply(row_label, axis=1) if not paired.empty else None
     for _, row in summary.iterrows():
-        measure = row["measure"]
+        label, unit = row_label(row), row.get("value_unit", "fraction")
         cells = [
             short_model_name(str(row["model"])),
-            measure,
-            f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}",
+            label,
+            f"{fmt_value(row['mean'], unit)} ± {fmt_value(row['se'], unit)}",
         ]
         if not paired.empty:
-            match = paired[(paired["model"] == row["model"]) & (paired["measure"] == measure)]
+            match = paired[(paired["model"] == row["model"]) & (labels == label)]
             if match.empty:
                 cells += [
                     "ref" if row["model"] == paired["reference"].iloc[0] else "-",
@@ -130,10 +150,10 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
             else:
                 d = match.iloc[0]
                 cells += [
-                    f"{_fmt(d['mean'], measure, True)} ± {_fmt(d['se'], measure)}",
-                    f"{d['n_negative']}/{d['n']}",
-                    f"[{_fmt(d['ci_low'], measure, True)}, {_fmt(d['ci_high'], measure, True)}]",
-                    _fmt(d.get("sd", float("nan")), measure),
+                    f"{fmt_value(d['mean'], unit, True)} ± {fmt_value(d['se'], unit)}",
+                    negatives(d),
+                    f"[{fmt_value(d['ci_low'], unit, True)}, {fmt_value(d['ci_high'], unit, True)}]",
+                    fmt_value(d.get("sd", float("nan")), unit),
                     _seeds(d.get("seeds_needed", float("nan"))),
                 ]
         table.add_row(*cells)
@@ -193,7 +213,7 @@ def nsweep_table(summary: pd.DataFrame) -> Table:
             if key not in cells.index:
                 return "n/a"
             row = cells.loc[key]
-            return f"{_fmt(row['mean'], measure)} ± {_fmt(row['se'], measure)}"
+            return f"{fmt_value(row['mean'])} ± {fmt_value(row['se'])}"
 
         table.add_row(
             short_model_name(str(model)),

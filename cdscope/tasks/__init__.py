@@ -1,8 +1,12 @@
 """Verifiable tasks shared by ``cdscope train`` and ``cdscope eval`` (SPEC §5, §7).
 
-* ``format``    -- the Task record, JSONL loading/writing, the shipped train/eval sets
-* ``verifiers`` -- ``verify`` / ``verify_many`` and the ``VERIFIERS`` registry
-* ``answers``   -- final-answer extraction and exact numeric comparison
+* ``format``    -- the Task record, loading/writing, the shipped train/eval sets
+* ``readers``   -- JSONL / Parquet / datasets folders in GSM8K, MATH, HumanEval, MBPP columns
+* ``verifiers`` -- ``verify`` / ``verify_many``; ``registry``: ``register_verifier`` and
+  the ``cdscope.verifiers`` entry points
+* ``answers``   -- final-answer extraction; ``numeric``: exact numbers and the form rule;
+  ``symbolic``: math-verify in killable worker processes
+* ``sanitize``  -- the program a code completion needs (EvalPlus's design)
 * ``logic``     -- structural checks per logic generator
 * ``code``      -- candidate programs (``prompt + code``) from completions
 * ``harness``   -- code verdicts: the tests run here, the candidate in the sandbox
@@ -21,7 +25,14 @@ from cdscope.tasks.format import (
     task_from_probe_item,
     write_tasks,
 )
-from cdscope.tasks.verifiers import VERIFIERS, Verdict, verify, verify_many
+from cdscope.tasks.verifiers import (
+    VERIFIERS,
+    Verdict,
+    register_verifier,
+    verifier_kinds,
+    verify,
+    verify_many,
+)
 
 __all__ = [
     "VERIFIERS",
@@ -29,7 +40,9 @@ __all__ = [
     "Verdict",
     "default_task_paths",
     "load_tasks",
+    "register_verifier",
     "task_from_probe_item",
+    "verifier_kinds",
     "verify",
     "verify_many",
     "write_tasks",

@@ -1,22 +1,42 @@
-"""Final answers in free text, and exact numeric comparison (SPEC §5 reward, §7 pass@k).
+"""Final answers in free text: where a completion states its answer (SPEC §5 reward, §7 pass@k).
 
-``find_final_answer`` takes the completion's *last* ``\\boxed{...}`` (nested braces
-allowed); without one, the text after the last "answer is" up to the end of its line
-(trailing period dropped); otherwise there is no answer. ``parse_number`` reads ints,
-decimals, fractions ``a/b`` and ``\\frac{a}{b}``, thousands separators (``1,234``),
-signs, currency and trailing units, into an exact ``fractions.Fraction``; anything with a
-second number in it (``12 or 13``) is not a number. No floating point is involved, so
-``0.1 + 0.2``-style noise cannot make a wrong answer pass.
+``find_final_answer`` reads the formats models write, in this order of precedence:
+
+1. **Boxed** -- the completion's *last* ``\\boxed{...}`` or ``\\fbox{...}`` whose braces
+   close (nested braces allowed; ``\\{`` and ``\\}`` are literal braces, not groups).
+   Two *different* boxes on that box's line are a hedge (``\\boxed{12} or \\boxed{13}``).
+2. **An answer statement** -- the last of ``Answer:``, ``Final answer:``, ``The (final)
+   answer is``, ``**Answer:**`` (any case, bold allowed around the marker) and the GSM8K
+   ``#### N``: the rest of its line, or the next non-empty line when the rest is empty.
+   When that text starts with a math span (``$...$``, ``\\(...\\)``, ``\\[...\\]``) only
+   the span is taken (Minerva's "The final answer is $42$. I hope it is correct.").
+3. Otherwise there is no final answer.
+
+"Last" rather than "first": a completion that rambles on into a new question and answers
+that one is scored on what it said last. The answer text is cleaned by ``clean_answer``:
+markdown bold/italics/code, surrounding ``$``/``\\(\\)``/``\\[\\]``, a wrapping
+``\\text{}``/``\\textbf{}``/``\\mathrm{}``/``\\mathbf{}``/``\\mbox{}`` and trailing
+punctuation (``. , ;``; not ``!``, a factorial) are removed.
+
+Every step is linear in the completion's length: braces are matched in one pass with a
+stack (56k characters of unclosed ``\\boxed{`` cost one scan, not one scan per box), and
+the regular expressions have no nested quantifiers.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_IS = re.compile(r"answer\s+is\b\s*:?", re.IGNORECASE)
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
+_MARKER = re.compile(
+    r"(?:\b(?:final\s+)?answer\b(?:\s*(?:\*\*|__))?\s*(?:is\b\s*:?|:)|####)", re.IGNORECASE
+)
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_HOPE = re.compile(r"\s*I hope it is correct\.?\s*$", re.IGNORECASE)
+_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mbox|textit|mathit)\s*\{")
+_TRAILING = ".,;"  # not "!": a factorial
 
 
 @dataclass(frozen=True)
@@ -26,26 +46,36 @@ class FinalAnswer:
     text: str
     end: int  # index just past the line (or closing brace) holding the answer
     how: str  # "boxed" | "answer is"
+    hedged: bool = False  # two different answers in the final statement
 
 
-def _boxed_content(text: str, open_brace: int) -> tuple[str, int] | None:
-    """Content of the brace group opening at ``open_brace`` and the index past it."""
-    depth = 0
-    for index in range(open_brace, len(text)):
-        char = text[index]
+def matching_braces(text: str) -> dict[int, int]:
+    """``{index of "{": index of its "}"}`` for every group that closes, in one pass."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    for token in _BRACE_TOKEN.finditer(text):
+        char = token.group()
         if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_brace + 1 : index], index + 1
-    return None  # unbalanced: the box never closes
+            stack.append(token.start())
+        elif char == "}" and stack:
+            pairs[stack.pop()] = token.start()
+    return pairs
+
+
+def _unwrap(text: str) -> str:
+    """``\\text{X}`` (and friends) wrapping the whole of ``text`` -> ``X``."""
+    match = _WRAPPER.match(text)
+    if match is None:
+        return text
+    close = matching_braces(text).get(match.end() - 1)
+    return text[match.end() : close].strip() if close == len(text) - 1 else text
 
 
 def clean_answer(text: str) -> str:
-    """Strip markdown emphasis, math delimiters, quotes and a trailing period."""
+    """Strip markdown emphasis, math delimiters, wrapping ``\\text{}``, quotes' neighbours
+    and trailing punctuation (a bounded number of rounds: linear time)."""
     text = text.strip()
-    for _ in range(3):
+    for _ in range(4):
         before = text
         text = text.strip().strip("*_`").strip()
         if text.startswith("$") and text.endswith("$") and len(text) > 1:
@@ -53,78 +83,71 @@ def clean_answer(text: str) -> str:
         for left, right in (("\\(", "\\)"), ("\\[", "\\]")):
             if text.startswith(left) and text.endswith(right):
                 text = text[len(left) : -len(right)].strip()
-        text = text.rstrip(".").rstrip()
+        text = _unwrap(text)
+        text = text.rstrip(_TRAILING).rstrip()
         if text == before:
             break
     return text
 
 
-def find_final_answer(completion: str) -> FinalAnswer | None:
-    """The last boxed answer, else the last "answer is X" line, else None."""
-    boxed = None
-    for match in _BOXED.finditer(completion):
-        found = _boxed_content(completion, match.end() - 1)
-        if found is not None:
-            boxed = found
-    if boxed is not None:
-        return FinalAnswer(clean_answer(boxed[0]), boxed[1], "boxed")
-    matches = list(_ANSWER_IS.finditer(completion))
-    if not matches:
+def _boxed(completion: str) -> FinalAnswer | None:
+    opens = list(_BOX.finditer(completion))
+    if not opens:
         return None
-    start = matches[-1].end()
-    newline = completion.find("\n", start)
-    end = len(completion) if newline < 0 else newline
-    text = clean_answer(completion[start:end])
+    pairs = matching_braces(completion)
+    closed = [(m, pairs[m.end() - 1]) for m in opens if m.end() - 1 in pairs]
+    if not closed:
+        return None
+    last, close = closed[-1]
+    text = clean_answer(completion[last.end() : close])
     if not text:
         return None
-    return FinalAnswer(text, end, "answer is")
+    line_start = completion.rfind("\n", 0, last.start()) + 1
+    line_end = completion.find("\n", close)
+    line_end = len(completion) if line_end < 0 else line_end
+    same_line = {
+        clean_answer(completion[m.end() : c])
+        for m, c in closed
+        if line_start <= m.start() and c < line_end
+    }
+    return FinalAnswer(text, close + 1, "boxed", hedged=len(same_line) > 1)
 
 
-_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
-_TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{([^{}]*)\}")
-_NUMBER = re.compile(
-    r"^(?P<sign>[-+]?)\s*(?P<int>\d{1,3}(?:,\d{3})+|\d+)?(?:\.(?P<dec>\d+))?"
-    r"(?:\s*/\s*(?P<den>\d+(?:\.\d+)?))?"
-)
-_LEADING_NAME = re.compile(r"^[A-Za-z]\w*\s*=\s*")
-
-
-def parse_number(text: str) -> Fraction | None:
-    """An exact number written in ``text``, or None when it is not exactly one number."""
-    s = clean_answer(text)
-    s = _TEXT.sub(r" \1", s)
-    s = _FRAC.sub(r"(\1)/(\2)", s)
-    s = s.replace("\u2212", "-").replace("\\$", "").replace("$", "").replace("\\%", "%")
-    s = s.replace("\\,", "").replace("\\!", "").replace("\\ ", " ")
-    s = re.sub(r"\((\s*[-+]?\d+(?:\.\d+)?\s*)\)", r"\1", s)  # (3)/(4) -> 3/4
-    s = re.sub(r"[€£¥]", "", s).strip()
-    s = _LEADING_NAME.sub("", s)  # "x = 5"
-    match = _NUMBER.match(s)
-    if match is None or (match.group("int") is None and match.group("dec") is None):
+def _statement(completion: str) -> FinalAnswer | None:
+    last = None
+    for last in _MARKER.finditer(completion):  # noqa: B007 -- the last one is wanted
+        pass
+    if last is None:
         return None
-    rest = s[match.end() :]
-    if re.search(r"\d", rest):
-        return None  # a second number: "12 or 13", "3 1/2", "10^3"
-    integer = (match.group("int") or "0").replace(",", "")
-    value = Fraction(integer + ("." + match.group("dec") if match.group("dec") else ""))
-    if match.group("den") is not None:
-        den = Fraction(match.group("den"))
-        if den == 0:
+    start = last.end()
+    newline = completion.find("\n", start)
+    end = len(completion) if newline < 0 else newline
+    text = completion[start:end]
+    if not text.strip(" \t*_:"):  # "Answer:\n42" -- the next non-empty line
+        rest = completion[end:]
+        stripped = rest.lstrip()
+        if not stripped:
             return None
-        value /= den
-    return -value if match.group("sign") == "-" else value
+        start = end + (len(rest) - len(stripped))
+        newline = completion.find("\n", start)
+        end = len(completion) if newline < 0 else newline
+        text = completion[start:end]
+    text = text.strip().lstrip("*_:").strip()
+    span = _MATH_SPAN.match(text)
+    if span is not None:
+        text = next(g for g in span.groups() if g is not None)
+    else:
+        text = _HOPE.sub("", text)
+    text = clean_answer(text)
+    return FinalAnswer(text, end, "answer is") if text else None
 
 
-def is_reduced_fraction_text(text: str) -> bool | None:
-    """For ``a/b`` text: whether it is in lowest terms; None when it is not an a/b."""
-    match = re.fullmatch(r"\s*[-+]?\s*(\d+)\s*/\s*(\d+)\s*", clean_answer(text))
-    if match is None:
-        return None
-    num, den = int(match.group(1)), int(match.group(2))
-    return den != 0 and Fraction(num, den).denominator == den
+def find_final_answer(completion: str) -> FinalAnswer | None:
+    """The final answer by the precedence of the module docstring, or None."""
+    return _boxed(completion) or _statement(completion)
 
 
 def show(text: str, limit: int = 60) -> str:
     """A completion fragment short enough for a one-line verdict message."""
-    text = " ".join(text.split())
+    text = " ".join(text[: limit * 4].split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,17 +1,22 @@
-"""HumanEval-style code verification: completion -> program -> verdict (SPEC §7).
+"""Code verification: completion -> program -> verdict (SPEC §7).
 
-The candidate program is ``prompt + code`` -- the tests are never part of it -- where
-``code`` comes from the completion:
+The candidate program never contains the tests. It is built from the completion:
 
-1. a fenced block (```python ... ```), if any, replaces the completion (the first one);
-2. if that text defines ``def <entry_point>(`` at the start of a line, the whole
-   definition (up to the next top-level stop sequence after it) is appended after the
-   prompt -- it redefines the prompt's stub, and the prompt's imports stay in scope;
-3. otherwise it is a function body: cut at the first stop sequence ("\\ndef ",
-   "\\nclass ", "\\nif __name__", "\\nprint(", "\\nassert ") -- text a base model writes
-   after finishing the function -- and appended to the prompt.
+1. the code: the last Python fenced block that defines ``def <entry_point>(``, else the
+   first Python fenced block, else the whole completion (prose ahead of an unfenced
+   program's first import/def/class line dropped);
+2. the source: for ``code`` tasks (HumanEval) ``prompt + code`` -- a full definition
+   redefines the prompt's stub with the prompt's imports in scope, and a body-only
+   completion completes the prompt's function; for ``code:program`` tasks (MBPP-style
+   prose prompts) the code alone;
+3. the program: ``sanitize.sanitize_program`` keeps the imports and the definitions the
+   entry point reaches (helpers, classes, constants) and drops top-level demo code
+   (prints, example calls, asserts, ``if __name__ == "__main__":``), as EvalPlus's
+   sanitizer does. Where no parse defines the entry point, the source is cut at the first
+   stop sequence ("\\ndef ", "\\nclass ", "\\nif __name__", "\\nprint(", "\\nassert ")
+   after the function instead, and the child reports whatever error remains.
 
-The program runs only in the sandbox child (never in this process); HumanEval's
+The program runs only in the sandbox child (never in this process); the task's
 ``check(candidate)`` runs here, in ``cdscope.tasks.harness``, against a stand-in that
 forwards each call to the child and takes plain data back. The verdict is passed when
 ``check`` returns: nothing the program does -- exiting early, printing, redefining
@@ -25,10 +30,10 @@ import re
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks.harness import run_check
-from cdscope.tasks.record import Task
+from cdscope.tasks.record import PROGRAM_KIND, Task
+from cdscope.tasks.sanitize import code_start, fenced_blocks, sanitize_program, with_stub_body
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ")
-_FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 MAX_MESSAGE = 160
 
 
@@ -38,24 +43,51 @@ def truncate_at_stop(text: str) -> str:
     return text[:cut]
 
 
+def _definition(text: str, entry_point: str) -> re.Match[str] | None:
+    return re.search(rf"(?m)^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", text)
+
+
 def extract_code(completion: str, entry_point: str) -> tuple[str, bool]:
-    """``(code, is_full_definition)`` from a completion (see the module docstring)."""
-    fenced = _FENCE.search(completion)
-    text = fenced.group(1) if fenced else completion
-    definition = re.search(rf"(?m)^def\s+{re.escape(entry_point)}\s*\(", text)
-    if definition is not None:
-        start = definition.start()
-        head = text[start : text.index("\n", start) + 1] if "\n" in text[start:] else text[start:]
-        return head + truncate_at_stop(text[start + len(head) :]), True
-    return truncate_at_stop(text), False
+    """``(code, is_full_definition)`` from a completion (step 1 of the module docstring)."""
+    blocks = fenced_blocks(completion)
+    if blocks:
+        defining = [b for b in blocks if _definition(b, entry_point)]
+        text = defining[-1] if defining else blocks[0]
+        return text, bool(defining)
+    definition = _definition(completion, entry_point)
+    if definition is None:
+        return completion, False
+    return completion[code_start(completion, definition.start()) :], True
+
+
+def _fallback(task: Task, code: str, full: bool) -> str:
+    """The pre-sanitizer program: the definition (or body) cut at the first stop sequence."""
+    if full:
+        definition = _definition(code, task.entry_point or "")
+        start = definition.start() if definition is not None else 0
+        newline = code.find("\n", start)
+        head = code[start:] if newline < 0 else code[start : newline + 1]
+        code = head + truncate_at_stop(code[start + len(head) :])
+    else:
+        code = truncate_at_stop(code)
+    if task.verifier == PROGRAM_KIND:
+        return code
+    return task.prompt + ("\n" + code if full else code)
 
 
 def build_program(task: Task, completion: str) -> str:
-    """The candidate program (``prompt + code``; no tests) for ``completion`` of ``task``."""
+    """The candidate program (no tests) for ``completion`` of ``task``."""
     if not task.tests or not task.entry_point:
         raise CdscopeError(f"task {task.id!r}: a code task needs 'tests' and 'entry_point'")
     code, full = extract_code(completion, task.entry_point)
-    return task.prompt + ("\n" + code if full else code) + "\n"
+    if task.verifier == PROGRAM_KIND:
+        source = code
+    elif full:  # the stub is redefined: give a bare "def f(x):" prompt a body first
+        source = with_stub_body(task.prompt) + "\n" + code
+    else:
+        source = task.prompt + code
+    program = sanitize_program(source, task.entry_point)
+    return (program if program is not None else _fallback(task, code, full)).rstrip("\n") + "\n"
 
 
 def run_code_task(task: Task, completion: str, *, timeout: float = 5.0) -> tuple[bool, str]:

@@ -26,8 +26,16 @@ from pathlib import Path
 from typing import Literal
 
 from cdscope.errors import CdscopeError
-from cdscope.io import atomic_write_bytes, json_record, jsonl_lines
+from cdscope.io import atomic_write_bytes, json_record, require_keys
 from cdscope.resources import default_task_dir
+from cdscope.tasks.readers import (
+    is_native,
+    parse_mapping,
+    read_rows,
+    row_to_task,
+    schema_fields,
+    split_source,
+)
 from cdscope.tasks.record import (
     OPTIONAL_KEYS,
     REQUIRED_KEYS,
@@ -35,7 +43,7 @@ from cdscope.tasks.record import (
     is_code_kind,
     required_fields,
 )
-from cdscope.tasks.verifiers import VERIFIERS
+from cdscope.tasks.verifiers import verifier_kinds
 
 FAMILIES = ("math", "code", "logic")
 SPLITS = ("train", "eval")
@@ -47,7 +55,7 @@ def check_task(task: Task, where: str = "task") -> Task:
         value = getattr(task, key)
         if not isinstance(value, str) or not value:
             raise CdscopeError(f"{where}: {key!r} must be a non-empty string")
-    kinds = sorted(VERIFIERS)
+    kinds = verifier_kinds()
     if task.verifier not in kinds:
         raise CdscopeError(
             f"{where}: unknown verifier kind {task.verifier!r} (known: {', '.join(kinds)})"
@@ -69,7 +77,12 @@ def check_task(task: Task, where: str = "task") -> Task:
 
 def parse_task(line: str, where: str) -> Task:
     """One JSONL line -> a checked Task; errors start with ``where`` (``file:line``)."""
-    record = json_record(line, where, REQUIRED_KEYS)
+    return task_from_record(json_record(line, where, REQUIRED_KEYS), where)
+
+
+def task_from_record(record: object, where: str) -> Task:
+    """A task record (a JSON object in cdscope's format) -> a checked Task."""
+    record = require_keys(record, where, REQUIRED_KEYS)
     unknown = sorted(set(record) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         raise CdscopeError(
@@ -83,15 +96,32 @@ def parse_task(line: str, where: str) -> Task:
     return check_task(task, where)
 
 
-def load_tasks(paths: Sequence[str | Path]) -> list[Task]:
-    """Read and validate task files in order; duplicate ids across files are errors."""
+def _source_tasks(raw: str | Path, columns: str | None) -> list[tuple[Task, str]]:
+    """The tasks of one source (``readers``: a file or folder, with an optional mapping)."""
+    path, own = split_source(raw)  # a PATH?MAPPING source's own mapping always applies;
+    shared = parse_mapping(columns) if columns else {}  # --task-columns: not to cdscope rows
+    found, fields = [], None
+    for index, (row, where) in enumerate(read_rows(path)):
+        if not isinstance(row, dict):
+            raise CdscopeError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        if own is None and is_native(row):
+            found.append((task_from_record(row, where), where))
+            continue
+        fields = fields or schema_fields(path, row, own if own is not None else shared)
+        found.append((check_task(row_to_task(row, fields, path, index, where), where), where))
+    return found
+
+
+def load_tasks(paths: Sequence[str | Path], columns: str | None = None) -> list[Task]:
+    """Read and validate task sources in order (JSONL, Parquet, ``datasets`` folders, in
+    cdscope's format or a known schema -- ``readers``); ``columns`` is a mapping for
+    sources that name none. Duplicate ids across sources are errors."""
     if not paths:
         raise CdscopeError("no task files given; pass --tasks FILE.jsonl")
     tasks: list[Task] = []
     first_seen: dict[str, str] = {}
     for raw in paths:
-        for line, where in jsonl_lines(Path(raw), "task", "no tasks"):
-            task = parse_task(line, where)
+        for task, where in _source_tasks(raw, columns):
             if task.id in first_seen:
                 raise CdscopeError(
                     f"{where}: duplicate id {task.id!r} (first at {first_seen[task.id]})"

@@ -36,18 +36,20 @@ from __future__ import annotations
 import builtins
 import functools
 import importlib.util
+import re
 from types import CodeType
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks import sandbox_child as wire
-from cdscope.tasks.record import Task
+from cdscope.tasks.record import PROGRAM_KIND, Task
 from cdscope.tasks.sandbox import (
     SandboxClosed,
     SandboxProcess,
     SandboxTimeout,
-    exit_reason,
     start_candidate,
 )
+from cdscope.tasks.sandbox_process import how_it_ended
+from cdscope.tasks.sanitize import with_stub_body
 
 MAX_MESSAGE = 300  # of a candidate's exception message passed to the tests
 _ENDED = "\0ended"  # placeholder: the child's own last words are known after close()
@@ -61,12 +63,23 @@ class CandidateError(Exception):
     """The candidate raised an exception that is not a built-in ``Exception`` type."""
 
 
+# Exceptions that steer control flow rather than report an error: raised into the tests
+# as themselves they would change what the tests do -- a StopIteration inside
+# ``all(map(candidate, cases))`` ends the iteration early and ``all`` returns True.
+CONTROL_FLOW = (StopIteration, StopAsyncIteration, GeneratorExit, KeyboardInterrupt, SystemExit)
+
+
 def _exception(name: str, message: str) -> Exception:
-    """The candidate's exception as the tests see it (its type where that is a built-in)."""
+    """The candidate's exception as the tests see it: its built-in type where that is an
+    ordinary ``Exception``; ``CandidateError`` for control-flow exceptions and the rest."""
     text = message[len(name) :].lstrip(": ") if message.startswith(name) else message
     text = text[:MAX_MESSAGE]
     kind = getattr(builtins, name, None) if name.isidentifier() else None
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if (
+        isinstance(kind, type)
+        and issubclass(kind, Exception)
+        and not issubclass(kind, CONTROL_FLOW)
+    ):
         try:
             return kind(text)
         except Exception:  # e.g. UnicodeDecodeError wants five arguments
@@ -97,20 +110,26 @@ class RemoteCandidate:
         try:
             self.child.send(request)
             reply = self.child.receive()
-        except SandboxTimeout:
-            raise self._broken(f"timeout after {self.timeout:.1f}s") from None
+        except (SandboxTimeout, wire.WireTimeout):
+            raise self._broken(self.timed_out) from None
         except SandboxClosed:
             raise self._broken(_ENDED) from None
         except wire.WireError as exc:
             raise self._broken(f"the candidate answered with {exc}") from None
         return self._value(reply)
 
+    @property
+    def timed_out(self) -> str:
+        return f"timeout after {self.timeout:.1f}s"
+
     def _value(self, reply: object) -> object:
         if type(reply) is dict and len(reply) == 1:
             ((key, data),) = reply.items()
             if key == "r":
-                try:
-                    return wire.decode(data)
+                try:  # the deadline covers decoding: its cost is bounded, and checked
+                    return wire.decode(data, deadline=self.child.deadline)
+                except wire.WireTimeout:
+                    raise self._broken(self.timed_out) from None
                 except wire.WireError as exc:
                     raise self._broken(f"the candidate returned {exc}") from None
             if key == "x" and type(data) is list and [type(p) for p in data] == [str, str]:
@@ -130,12 +149,10 @@ def _compile(source: str, filename: str) -> CodeType:
 def _prompt_code(prompt: str) -> CodeType | None:
     """The prompt as a program: as it is (HumanEval prompts end with a docstring), else
     with a ``pass`` body for a trailing bare ``def`` line; None when neither compiles."""
-    for source in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
-        try:
-            return _compile(source, "<prompt>")
-        except (SyntaxError, ValueError):
-            continue
-    return None
+    try:
+        return _compile(with_stub_body(prompt), "<prompt>")
+    except (SyntaxError, ValueError):
+        return None
 
 
 _RANDOM = importlib.util.find_spec("random")
@@ -172,7 +189,7 @@ def _judge(task: Task, child: SandboxProcess, candidate: RemoteCandidate) -> tup
         tests = _compile(task.tests or "", "<tests>")
     except (SyntaxError, ValueError) as exc:
         raise _task_error(task, "tests", exc) from None
-    prompt = _prompt_code(task.prompt)
+    prompt = None if task.verifier == PROGRAM_KIND else _prompt_code(task.prompt)
     try:
         if prompt is not None:
             exec(prompt, namespace)  # trusted: the task file's own helpers
@@ -181,13 +198,13 @@ def _judge(task: Task, child: SandboxProcess, candidate: RemoteCandidate) -> tup
     try:
         first = child.receive()
     except SandboxTimeout:
-        return False, f"timeout after {candidate.timeout:.1f}s"
+        return False, candidate.timed_out
     except SandboxClosed:
         return False, _ENDED
     except wire.WireError as exc:
         return False, f"the candidate answered with {exc}"
     if type(first) is dict and set(first) == {"error"} and type(first["error"]) is str:
-        return False, first["error"]
+        return False, program_failure(first["error"])
     if first != {"ready": True}:
         return False, "the candidate answered with a malformed frame"
     namespace[task.entry_point] = candidate
@@ -217,11 +234,37 @@ def run_check(task: Task, program: str, *, timeout: float) -> tuple[bool, str]:
     point running in the sandbox (see the module docstring)."""
     if not task.entry_point:
         raise CdscopeError(f"task {task.id!r}: a code task needs 'tests' and 'entry_point'")
-    child = start_candidate(program, task.entry_point, timeout=timeout)
+    try:
+        child = start_candidate(program, task.entry_point, timeout=timeout)
+    except (SandboxClosed, SandboxTimeout):  # it ended before reading its settings
+        return False, "the sandbox child could not start (it ended before reading its settings)"
     try:
         passed, message = _judge(task, child, RemoteCandidate(child, timeout))
     finally:
         child.close()
     if message == _ENDED:
-        message = exit_reason(child.stderr, child.returncode)
+        message = ended_early(child.returncode)
     return passed, message
+
+
+_REPORTED = re.compile(
+    r"([A-Za-z_][A-Za-z0-9_.]{0,60})(?::| \(|$).*?(?: \((?:program )?line (\d{1,7})\))?$"
+)
+
+
+def program_failure(report: str) -> str:
+    """The verdict message for a program that failed before serving calls. The child's
+    report is the program's to forge, so only its shape is used -- an exception type name
+    and a line number -- in a sentence written here (``program failed: SyntaxError (line
+    3)``); a verdict message never comes from the child."""
+    match = _REPORTED.match(report.strip().splitlines()[-1][:300] if report.strip() else "")
+    if match is None:
+        return "program failed before serving calls"
+    line = f" (program line {match.group(2)})" if match.group(2) else ""
+    return f"program failed: {match.group(1)}{line}"
+
+
+def ended_early(returncode: int | None) -> str:
+    """The verdict message for a child that ended before answering: how it ended, as the
+    operating system reports it (never the child's own output)."""
+    return f"the program ended early ({how_it_ended(returncode)})"

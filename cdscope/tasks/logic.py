@@ -5,8 +5,10 @@ prompt, and returns ``(passed, message)``. The comparisons are structural where 
 answer has structure:
 
 * ``knights_knaves`` -- the set of "<Name> is a/an <role>" assignments must equal the
-  reference's, in any order and with any separators; a name given two roles fails.
-* ``syllogism`` -- Yes/No, with true/valid/follows read as Yes and false/invalid as No.
+  reference's, in any order and with any separators; a name given two roles, or a role
+  hedged as ``knight/knave`` or ``a knight or a knave``, fails.
+* ``syllogism`` -- Yes/No, with true/valid/follows read as Yes and false/invalid as No;
+  an answer naming both ("Yes or No", "yes/no") is a hedge and fails.
 * ``number_sorting`` -- the list of numbers (quoted or not) must equal the reference
   element by element, compared exactly as fractions ("34" equals "34.0").
 * ``shortest_path`` -- "infeasible" or a sequence of up/down/left/right. Several paths
@@ -25,6 +27,7 @@ from collections import deque
 from fractions import Fraction
 
 from cdscope.tasks.answers import show
+from cdscope.tasks.numeric import MAX_DIGITS, has_long_digit_run
 
 Check = tuple[bool, str]
 
@@ -49,10 +52,25 @@ def _polarity(text: str) -> str | None:
     return None
 
 
+_HEDGE_POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+
+
+def _hedged_polarity(text: str) -> bool:
+    """Both a yes-word and a no-word as answers ("Yes or No", "yes/no", "True or False")."""
+    found = {
+        _HEDGE_POLARITY[w]
+        for w in re.findall(r"[a-z]+", text.casefold()[:2000])
+        if w in _HEDGE_POLARITY
+    }
+    return len(found) > 1
+
+
 def check_exact(reference: str, candidate: str, prompt: str = "") -> Check:
     """Normalised exact match; Yes/No references compare by polarity."""
     ref_polarity = _polarity(reference) if normalise(reference) in _YES | _NO else None
     if ref_polarity is not None:
+        if _hedged_polarity(candidate):
+            return False, f"expected {reference}, got both answers (a hedge)"
         got = _polarity(candidate)
         if got is None:
             return False, f"expected {reference}, got {show(candidate)!r}"
@@ -70,6 +88,10 @@ def check_syllogism(reference: str, candidate: str, prompt: str = "") -> Check:
 
 
 _ASSIGNMENT = re.compile(r"\b([A-Za-z][A-Za-z'\-]*)\s+is\s+an?\s+([A-Za-z]+)")
+# "a knight/knave", "a knight or a knave", "either a knight or a knave": a hedged role
+_HEDGED_ROLE = re.compile(
+    r"\bis\s+(?:either\s+)?an?\s+[A-Za-z]+\s*(?:/|\bor\b)\s*(?:an?\s+)?[A-Za-z]+", re.IGNORECASE
+)
 
 
 def assignments(text: str) -> tuple[dict[str, str], str | None]:
@@ -89,6 +111,9 @@ def check_knights_knaves(reference: str, candidate: str, prompt: str = "") -> Ch
     expected, _ = assignments(reference)
     if not expected:
         return check_exact(reference, candidate, prompt)
+    hedge = _HEDGED_ROLE.search(candidate)
+    if hedge is not None:
+        return False, f"a hedged role: {show(hedge.group())!r}"
     got, conflict = assignments(candidate)
     if conflict is not None:
         return False, f"{conflict} is given two roles"
@@ -103,13 +128,18 @@ def check_knights_knaves(reference: str, candidate: str, prompt: str = "") -> Ch
 _DECIMAL = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 
-def numbers(text: str) -> list[Fraction]:
-    """Every decimal number in ``text`` in order, exactly."""
+def numbers(text: str) -> list[Fraction] | None:
+    """Every decimal number in ``text`` in order, exactly; None when one has more than
+    ``MAX_DIGITS`` digits (bounded work: a huge number is a wrong answer, not an error)."""
+    if has_long_digit_run(text):
+        return None
     return [Fraction(tok) for tok in _DECIMAL.findall(text.replace("\u2212", "-"))]
 
 
 def check_number_sorting(reference: str, candidate: str, prompt: str = "") -> Check:
-    expected, got = numbers(reference), numbers(candidate)
+    expected, got = numbers(reference) or [], numbers(candidate)
+    if got is None:
+        return False, f"a number of over {MAX_DIGITS} digits"
     if len(got) != len(expected):
         return False, f"expected {len(expected)} numbers, got {len(got)}"
     for index, (want, have) in enumerate(zip(expected, got, strict=True)):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 REQUIRED_KEYS = ("id", "family", "prompt", "verifier")
 OPTIONAL_KEYS = ("answer", "tests", "entry_point", "source", "meta")
 CODE_KEYS = ("tests", "entry_point")
+PROGRAM_KIND = "code:program"  # the completion alone is the program (prose prompts, MBPP)
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,11 @@ channels, interpreter bugs that escape the audit hook).
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -155,13 +155,12 @@ def _try_layers(layers: Layers) -> bool:
         )
     try:
         result = _run(probe, layers, timeout=10.0, memory_mb=512, audit_hook=True)
-    except OSError:
-        return False
+    except (OSError, SandboxClosed, SandboxTimeout, wire.WireError):
+        return False  # e.g. the child exited before reading its settings: Broken pipe
     return result.completed and result.stdout.strip() == "10"
 
 
-@functools.lru_cache(maxsize=1)
-def _detect() -> tuple[Layers | None, str]:
+def _search() -> tuple[Layers | None, str]:
     if os.name != "posix":
         return None, f"the sandbox needs a POSIX system (this is {os.name})"
     tried = []
@@ -172,6 +171,23 @@ def _detect() -> tuple[Layers | None, str]:
                 return layers, ""
             tried.append(layers.describe())
     return None, f"no sandbox configuration could run a test program (tried: {'; '.join(tried)})"
+
+
+_detect_lock = threading.Lock()
+_detected: list[tuple[Layers | None, str]] = []
+
+
+def _detect() -> tuple[Layers | None, str]:
+    """The layers that work here, found once per process under a lock (two threads of
+    ``verify_many`` starting together must not probe concurrently); anything that goes
+    wrong while probing is a one-line reason, never an exception out of a verdict."""
+    with _detect_lock:
+        if not _detected:
+            try:
+                _detected.append(_search())
+            except Exception as exc:  # detection must not crash a verdict
+                _detected.append((None, f"sandbox detection failed: {type(exc).__name__}: {exc}"))
+        return _detected[0]
 
 
 def sandbox_layers() -> Layers | None:

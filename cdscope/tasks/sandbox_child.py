@@ -16,7 +16,9 @@ Values are tagged so types survive: ``None``, ``bool``, ``int``, ``float`` (nan/
 ``str``, ``list`` as themselves; ``{"t": [...]}`` tuple, ``{"s": [...]}`` set, ``{"f":
 [...]}`` frozenset, ``{"d": [[k, v], ...]}`` dict. Only those exact types encode (an
 always-equal ``int`` subclass is not data); decoding never runs user code and is bounded
-(``MAX_FRAME``, ``MAX_DEPTH``, ``MAX_HASHED``, Python's 4300-digit int limit). Standard
+(``MAX_FRAME``, ``MAX_DEPTH``, ``MAX_HASHED``, ``MAX_SAME_HASH`` -- no set or dict is
+built before its elements' hashes are checked --, Python's 4300-digit int limit, and a
+deadline checked while decoding). Standard
 library only, never imports cdscope (the child may run another interpreter, in a root
 where cdscope is not visible).
 """
@@ -29,11 +31,16 @@ import resource
 import stat
 import struct
 import sys
+import time
 import types
+
+_monotonic = time.monotonic
 
 MAX_FRAME = 8 * 1024 * 1024
 MAX_DEPTH = 64
-MAX_HASHED = 4096  # bounds hash-collision work in the parent's decoder
+MAX_HASHED = 4096  # set elements / dict keys per value
+MAX_SAME_HASH = 16  # elements sharing one hash: bounds hash-collision work in the parent
+CHECK_EVERY = 1024  # decoded nodes between deadline checks
 _HEADER = struct.Struct(">I")
 _SIMPLE = (bool, int, float, str)
 
@@ -78,6 +85,10 @@ class WireError(ValueError):
     """A value that is not plain data, or a malformed frame."""
 
 
+class WireTimeout(WireError):
+    """The deadline passed while a value was being decoded."""
+
+
 # -- wire format ----------------------------------------------------------------------
 def encode(value, depth=0):
     """``value`` as tagged JSON-able data; WireError when it is not plain data."""
@@ -97,37 +108,69 @@ def encode(value, depth=0):
     raise WireError(f"a {kind.__name__} is not plain data")
 
 
-def decode(data, depth=0, hashed=None):
-    """The value of tagged data (as ``json.loads`` returns it); WireError when malformed."""
-    hashed = [0] if hashed is None else hashed
+def _check_hashes(elements):
+    """Refuse hash-flooding before any set or dict is built from untrusted elements: the
+    hashes are sorted (no hashing of hashes) and at most ``MAX_SAME_HASH`` may be equal,
+    so building the set costs O(n * MAX_SAME_HASH) comparisons, not O(n**2)."""
+    try:
+        hashes = sorted(hash(e) for e in elements)
+    except TypeError as exc:  # an unhashable key or element
+        raise WireError(str(exc)) from None
+    run = 1
+    for index in range(1, len(hashes)):
+        run = run + 1 if hashes[index] == hashes[index - 1] else 1
+        if run > MAX_SAME_HASH:
+            raise WireError(f"more than {MAX_SAME_HASH} set elements or dict keys with one hash")
+
+
+class _Budget:
+    """What one value's decoding may still spend: hashed elements, and a deadline
+    (``time.monotonic`` seconds, checked every ``CHECK_EVERY`` nodes)."""
+
+    def __init__(self, deadline=None):
+        self.hashed, self.nodes, self.deadline = 0, 0, deadline
+
+    def node(self):
+        self.nodes += 1
+        due = self.deadline is not None and self.nodes % CHECK_EVERY == 0
+        if due and _monotonic() > self.deadline:
+            raise WireTimeout("the deadline passed while decoding")
+
+
+def decode(data, depth=0, budget=None, deadline=None):
+    """The value of tagged data (as ``json.loads`` returns it); WireError when malformed,
+    WireTimeout when ``deadline`` (``time.monotonic`` seconds) passes while decoding."""
+    budget = _Budget(deadline) if budget is None else budget
+    budget.node()
     kind = type(data)
     if data is None or kind in _SIMPLE:
         return data
     if depth >= MAX_DEPTH:
         raise WireError(f"a value nested deeper than {MAX_DEPTH} levels")
     if kind is list:
-        return [decode(v, depth + 1, hashed) for v in data]
+        return [decode(v, depth + 1, budget) for v in data]
     if kind is not dict or len(data) != 1:
         raise WireError("a malformed value")
     ((tag, items),) = data.items()
     if type(items) is not list:
         raise WireError("a malformed value")
     if tag == "t":
-        return tuple(decode(v, depth + 1, hashed) for v in items)
+        return tuple(decode(v, depth + 1, budget) for v in items)
     if tag not in ("s", "f", "d"):
         raise WireError(f"an unknown tag {tag!r}")
-    hashed[0] += len(items)
-    if hashed[0] > MAX_HASHED:
+    budget.hashed += len(items)
+    if budget.hashed > MAX_HASHED:
         raise WireError(f"more than {MAX_HASHED} set elements or dict keys")
-    try:
-        if tag == "d":
-            if any(type(p) is not list or len(p) != 2 for p in items):
-                raise WireError("a malformed dict")
-            return {decode(k, depth + 1, hashed): decode(v, depth + 1, hashed) for k, v in items}
-        elements = [decode(v, depth + 1, hashed) for v in items]
-        return set(elements) if tag == "s" else frozenset(elements)
-    except TypeError as exc:  # an unhashable key or element
-        raise WireError(str(exc)) from None
+    if tag == "d":
+        if any(type(p) is not list or len(p) != 2 for p in items):
+            raise WireError("a malformed dict")
+        keys = [decode(k, depth + 1, budget) for k, _ in items]
+        values = [decode(v, depth + 1, budget) for _, v in items]
+        _check_hashes(keys)
+        return dict(zip(keys, values, strict=True))
+    elements = [decode(v, depth + 1, budget) for v in items]
+    _check_hashes(elements)
+    return set(elements) if tag == "s" else frozenset(elements)
 
 
 def pack(message):

@@ -83,17 +83,21 @@ def _tool(name: str) -> str:
     return shlex.quote(shutil.which(name, path=TOOL_PATH) or name)
 
 
-def exit_reason(stderr: str, returncode: int | None) -> str:
-    """One line for a child that ended early: its last stderr line, or how it ended."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    if lines:
-        return lines[-1]
+def how_it_ended(returncode: int | None) -> str:
+    """How a child ended, as the operating system reports it ("killed by SIGXCPU")."""
     if returncode is not None and returncode < 0:
         try:
             return f"killed by {signal.Signals(-returncode).name}"
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode} before the end of the program"
+
+
+def exit_reason(stderr: str, returncode: int | None) -> str:
+    """One line for a ``run_sandboxed`` child that ended early: its last stderr line, or
+    how it ended (code verdicts never use the child's output: ``harness.ended_early``)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else how_it_ended(returncode)
 
 
 @dataclass(frozen=True)
@@ -241,8 +245,12 @@ class SandboxProcess:
         return b"".join(chunks)
 
     def receive(self) -> object:
-        """The child's next frame (SandboxTimeout, SandboxClosed or wire.WireError)."""
-        return wire.unpack(self._read(wire.frame_length(self._read(4))))
+        """The child's next frame (SandboxTimeout, SandboxClosed or wire.WireError). The
+        deadline covers parsing too: a frame read in time but parsed after it is late."""
+        message = wire.unpack(self._read(wire.frame_length(self._read(4))))
+        if time.monotonic() > self.deadline:
+            raise SandboxTimeout
+        return message
 
     def close(self) -> None:
         """Kill the child's process group (stragglers too), collect its output, clean up."""

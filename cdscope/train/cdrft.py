@@ -23,7 +23,7 @@ and the log columns belong to ``train.step.CDRFTStep``, which both backends driv
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +36,7 @@ from cdscope.core.gates import GatedModel
 from cdscope.core.probes import ProbePool, draw_probe
 from cdscope.core.regularizer import GradResult, regularizer_grad
 from cdscope.errors import CdscopeError
+from cdscope.train.engine import local
 
 
 @dataclass(frozen=True)
@@ -129,16 +130,19 @@ def project(
     eps: float,
     batch_size: int | None = None,
     start: ProbeMeasure | None = None,
+    agreed: Callable[[float], float] = float,
 ) -> ProjectionResult:
     """The inner loop (SPEC §5 step 4); ``tau`` in percent, like ``--tau``.
 
     ``start`` is the measurement at the current theta when the caller already has it.
+    ``agreed`` maps this rank's B_shared to the one every rank decides on (sharded runs:
+    rank 0's, ``engine.Shards.from_rank_zero``), so all ranks run the same iterations.
     """
     began = time.perf_counter()
     current = start or measure(gm, batch, batch_size)
     before = current
     iterations = 0
-    while current.b_shared * 100.0 > tau and iterations < k_max:
+    while agreed(current.b_shared) * 100.0 > tau and iterations < k_max:
         result = regularizer_grad(
             gm, batch, estimator, eps, params, batch_size=batch_size, nominal=current.control
         )
@@ -151,10 +155,11 @@ def project(
 
 
 def finite_params(params: Sequence[nn.Parameter]) -> bool:
-    """True when every parameter (and gradient, where set) is finite."""
+    """True when every parameter (and gradient, where set) is finite -- on this rank's
+    shards for DTensor parameters (the caller agrees over ranks: ``engine.Shards.all``)."""
     for p in params:
-        if not bool(torch.isfinite(p).all()):
+        if not bool(torch.isfinite(local(p.detach())).all()):
             return False
-        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+        if p.grad is not None and not bool(torch.isfinite(local(p.grad)).all()):
             return False
     return True

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from cdscope.errors import CdscopeError
 from cdscope.io import WriteFailed, atomic_dir, atomic_write_bytes
+from cdscope.train.config import TrainConfig
 
 LATEST = "latest"
 
@@ -133,9 +135,13 @@ def save_checkpoint(
     scheduler: Any,
     config: dict[str, Any],
     log_rows: list[dict[str, Any]],
+    states: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` completely, then point ``latest`` at it. Returns its path.
 
+    ``states``: the (model, optimizer) state dicts to store instead of ``model``'s and
+    ``optimizer``'s own -- a sharded run's full states, gathered by the caller
+    (``train.engine.full_states``; no tensor in them shares storage).
     Any writer error (``OSError``, safetensors' own errors, ...) becomes a ``CdscopeError``
     naming the checkpoint that stays ``latest``; the partial folder is removed (``io.atomic_dir``).
     """
@@ -144,8 +150,13 @@ def save_checkpoint(
     final = root / name
     try:
         with atomic_dir(final) as tmp:  # any writer error: the temp folder is removed
-            save_model(model, str(tmp / "model.safetensors"))
-            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            if states is None:
+                save_model(model, str(tmp / "model.safetensors"))
+                optimizer_state = optimizer.state_dict()
+            else:
+                save_file(states[0], str(tmp / "model.safetensors"))
+                optimizer_state = states[1]
+            state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
             save_state(state, tmp / "optimizer.safetensors")
             save_state(rng_state(), tmp / "rng.safetensors")
             record = {"step": step, "config": config, "log": log_rows}
@@ -176,8 +187,12 @@ def load_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
+    restore: Callable[[dict[str, torch.Tensor], dict[str, Any]], None] | None = None,
 ) -> Checkpoint:
-    """Restore parameters, optimizer, scheduler and RNG states from ``latest``."""
+    """Restore parameters, optimizer, scheduler and RNG states from ``latest``.
+
+    ``restore(model_state, optimizer_state)`` sets the stored states instead of
+    ``load_state_dict`` (a sharded run: ``train.engine.load_full_states``)."""
     path = latest_checkpoint_path(out_dir)
     if path is None:
         raise CdscopeError(
@@ -186,11 +201,40 @@ def load_checkpoint(
         )
     try:
         record = json.loads((path / "state.json").read_text())
-        load_model(model, str(path / "model.safetensors"), strict=True)
         state = load_state(path / "optimizer.safetensors")  # moved to the params' device
-        optimizer.load_state_dict(state["optimizer"])  # by load_state_dict itself
+        if restore is None:
+            load_model(model, str(path / "model.safetensors"), strict=True)
+            optimizer.load_state_dict(state["optimizer"])  # by load_state_dict itself
+        else:
+            restore(load_file(str(path / "model.safetensors")), state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(load_state(path / "rng.safetensors"))
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise CdscopeError(f"--resume: checkpoint {path} cannot be loaded: {exc}") from exc
     return Checkpoint(path, int(record["step"]), record["config"], list(record["log"]))
+
+
+#: settings that must match the checkpoint for ``--resume`` to continue the same run. The
+#: model, task and probe files are compared by content, not by the paths in the config
+#: (``commands.train.check_resumed_run``): a moved file is the same input, an edited
+#: one is not
+RESUME_FIXED = (
+    "steps", "prompts_per_step", "group_size", "max_new_tokens", "temperature",
+    "top_p", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "clip_eps", "beta",
+    "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
+    "template", "seed", "micro_batch_size", "rollout_batch_size",
+    "probe_batch_size", "verify_timeout", "dtype", "attn", "backend", "granularity",
+    "sharding", "activation_checkpointing",
+)  # fmt: skip
+
+
+def check_resumable(checkpoint: Checkpoint, cfg: TrainConfig) -> None:
+    """One line naming the ``RESUME_FIXED`` settings in which ``cfg`` differs from the
+    checkpointed run's."""
+    saved = TrainConfig.from_dict(checkpoint.config)
+    changed = [k for k in RESUME_FIXED if getattr(saved, k) != getattr(cfg, k)]
+    if changed:
+        raise CdscopeError(
+            f"--resume: settings differ from the checkpointed run ({', '.join(changed)}); "
+            "resume with the same settings or start a new --out-dir"
+        )

@@ -4,7 +4,7 @@ Reference hyperparameters (SPEC §5, 7B recipe): AdamW lr 2e-6 with a cosine sch
 G = 4 samples per prompt, 8 prompts per step, 512 new tokens, temperature 0.6, seed 0,
 KL coefficient beta = 0; CD-RFT lambda = 1, tau = 70 (%), K_max = 12,
 eta_proj = 4e-3, n = 3 probe samples per family; the gradient estimator and its gate
-step come from ``cdscope.core.regularizer`` (``DEFAULT_ESTIMATOR``, ``DEFAULT_EPS``).
+step come from ``cdscope.settings`` (``DEFAULT_ESTIMATOR``, ``DEFAULT_EPS``).
 
 Choices the SPEC leaves open (documented in docs/train.md): 200 steps, no warmup, no
 weight decay, the clipped-surrogate epsilon 0.2, gradient-norm clipping off, the probe
@@ -21,14 +21,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdscope.core.gate_sites import GATE_GRANULARITIES
-from cdscope.core.regularizer import DEFAULT_EPS, DEFAULT_ESTIMATOR, GRADIENT_ESTIMATORS
 from cdscope.errors import CdscopeError
-from cdscope.finite import COUNT_MAX, SEED_MAX
 from cdscope.resources import EMBEDDED_NAME
+from cdscope.settings import (
+    COUNT_MAX,
+    DEFAULT_EPS,
+    DEFAULT_ESTIMATOR,
+    GATE_GRANULARITIES,
+    GRADIENT_ESTIMATORS,
+    SEED_MAX,
+)
 
 REGULARIZERS = ("none", "cdrft")
 BACKENDS = ("hf", "trl")
+REPORT_TO = ("none", "tensorboard", "trackio", "wandb")  # train/tracking.py
+SHARDINGS = ("none", "fsdp")  # train/engine.py
 
 
 def setting(default: Any, flag: str, help: str) -> Any:  # noqa: A002
@@ -104,6 +111,24 @@ class TrainConfig:
     )
     attn: str = "auto"
     backend: str = setting("hf", "--backend", "hf (built-in loop) | trl (GRPOTrainer).")
+    sharding: str = setting(
+        "none",
+        "--sharding",
+        "none | fsdp (hf loop under torchrun: FSDP2 per decoder block + root; the TRL route "
+        "shards through accelerate's FSDP2 plugin instead; docs/distributed.md).",
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        "--activation-checkpointing",
+        "Recompute each decoder block's activations in the backward (non-reentrant; both "
+        "backends): less memory, about one more forward per backward.",
+    )
+    report_to: str = setting(
+        "none",
+        "--report-to",
+        f"Experiment tracker of the per-step log: {' | '.join(REPORT_TO)} (with --backend trl, "
+        "TRL's own report_to; docs/train.md).",
+    )
     preset: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -146,7 +171,10 @@ class TrainConfig:
                 raise CdscopeError(f"{flag} must be a finite number; got {value}")
         if not 0 <= self.seed <= SEED_MAX:
             raise CdscopeError(f"--seed must lie in [0, {SEED_MAX}]; got {self.seed}")
-        for name in ("steps", "prompts_per_step", "group_size", "probe_n", "micro_batch_size"):
+        for name in (
+            "steps", "prompts_per_step", "group_size", "max_new_tokens", "probe_n",
+            "micro_batch_size",
+        ):  # fmt: skip
             if getattr(self, name) > COUNT_MAX:
                 raise CdscopeError(f"--{name.replace('_', '-')} must be at most {COUNT_MAX:,}")
         positive = {
@@ -183,6 +211,19 @@ class TrainConfig:
         if self.backend not in BACKENDS:
             raise CdscopeError(
                 f"--backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}"
+            )
+        if self.sharding not in SHARDINGS:
+            raise CdscopeError(
+                f"--sharding must be one of {' | '.join(SHARDINGS)}; got {self.sharding!r}"
+            )
+        if self.sharding != "none" and self.backend == "trl":
+            raise CdscopeError(
+                "--sharding is the hf loop's; with --backend trl shard through accelerate's "
+                "FSDP2 plugin: accelerate launch --config_file docs/accelerate/fsdp2.yaml"
+            )
+        if self.report_to not in REPORT_TO:
+            raise CdscopeError(
+                f"--report-to must be one of {' | '.join(REPORT_TO)}; got {self.report_to!r}"
             )
         if self.estimator not in GRADIENT_ESTIMATORS:
             raise CdscopeError(

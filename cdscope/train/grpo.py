@@ -119,12 +119,19 @@ def backbone_backward(
     beta: float = 0.0,
     ref_model: nn.Module | None = None,
     micro_batch_size: int | None = None,
+    share: slice = slice(None),
+    scale: float = 1.0,
 ) -> BackboneStats:
     """Accumulate grad of the step's GRPO loss into ``.grad``, micro-batch by micro-batch.
 
     Each micro-batch contributes (its token sum of l_t) / (the step's token count), so the
     accumulated gradient equals the full-batch gradient exactly (up to float summation).
     Completions with no generated token (empty mask) contribute nothing.
+
+    ``share``: the rows this process backpropagates (a sharded run's rank: its 1/W of the
+    completions), normalised by the token count of *all* rows; ``scale`` multiplies what
+    is backpropagated (W under FSDP, whose reduce-scatter takes the mean over ranks). The
+    returned loss / KL are this share's parts of the step's (unscaled).
     """
     device = next(model.parameters()).device
     N = completion_ids.shape[0]  # noqa: N806
@@ -133,7 +140,8 @@ def backbone_backward(
         return BackboneStats(0.0, 0.0, 0)
     loss_sum = 0.0
     kl_sum = 0.0
-    for rows in torch.split(torch.arange(N), micro_batch_size or N):
+    mine = torch.arange(N)[share]
+    for rows in torch.split(mine, micro_batch_size or max(len(mine), 1)):
         tensors = [
             t[rows].to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)
         ]
@@ -150,7 +158,7 @@ def backbone_backward(
         )
         loss = masked_token_sum(loss_t, c_mask) / total_tokens
         if loss.requires_grad:
-            loss.backward()
+            (loss * scale if scale != 1.0 else loss).backward()
         loss_sum += float(loss.detach())
         if kl_t is not None:
             kl_sum += float(masked_token_sum(kl_t.detach(), c_mask)) / total_tokens

@@ -17,7 +17,8 @@ One step t (both arms identical except where marked):
 7. ``CDRFTStep.after_update``: the probe measurement after the update; [cdrft] the
    projection loop while B_shared > tau and fewer than K_max iterations;
 8. the log row (``CDRFTStep.log_fields`` + the backbone's columns), written atomically
-   to ``OUT/log.parquet``; a checkpoint every ``save_every`` steps and at the end.
+   to ``OUT/log.parquet`` and sent to the ``--report-to`` tracker (``train.tracking``); a
+   checkpoint every ``save_every`` steps and at the end.
 
 Steps 5 and 7 are the same object the TRL backend's callback drives
 (``integrations.trl``); ``tests/train/test_cdrft_parity.py`` checks both take the same step.
@@ -25,6 +26,8 @@ Steps 5 and 7 are the same object the TRL backend's callback drives
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -41,20 +44,26 @@ from cdscope.core.generation import sample
 from cdscope.errors import CdscopeError
 from cdscope.io import write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.train.checkpoint import latest_checkpoint_path, load_checkpoint, save_checkpoint
-from cdscope.train.config import TrainConfig
+from cdscope.train.checkpoint import (
+    check_resumable,
+    latest_checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
+from cdscope.train.engine import (
+    Shards,
+    checkpoint_blocks,
+    full_states,
+    gathered,
+    load_full_states,
+    shard,
+    shards_of,
+    whole,
+)
 from cdscope.train.grpo import backbone_backward, group_advantages
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
-
-#: settings that must match the checkpoint for ``--resume`` to continue the same run
-RESUME_FIXED = (
-    "model", "steps", "prompts_per_step", "group_size", "max_new_tokens", "temperature",
-    "top_p", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "clip_eps", "beta",
-    "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
-    "template", "seed", "tasks", "probe_files", "micro_batch_size", "rollout_batch_size",
-    "probe_batch_size", "verify_timeout", "dtype", "attn", "backend", "granularity",
-)  # fmt: skip
+from cdscope.train.tracking import tracking
 
 
 def step_task_indices(num_tasks: int, seed: int, step: int, per_step: int) -> list[int]:
@@ -102,19 +111,22 @@ def train(
     cfg, model = inputs.cfg, inputs.model
     console = console or make_console()
     out_dir = Path(cfg.out_dir)
+    engines(inputs)  # --activation-checkpointing, --sharding fsdp: before the optimizer
     params = [p for p in model.parameters() if p.requires_grad]
+    shards = shards_of(params)
+    if cfg.num_completions % shards.world:
+        raise CdscopeError(
+            f"--sharding fsdp splits the step's {cfg.num_completions} completions (prompts x "
+            f"group size) over {shards.world} ranks, which does not divide them; choose "
+            "--prompts-per-step so that it does"
+        )
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = cosine_schedule(optimizer, cfg.steps, cfg.warmup_steps)
     start_step, log_rows, resumed_from = 0, [], None
     if resume:
-        checkpoint = load_checkpoint(out_dir, model, optimizer, scheduler)
-        saved = TrainConfig.from_dict(checkpoint.config)
-        changed = [k for k in RESUME_FIXED if getattr(saved, k) != getattr(cfg, k)]
-        if changed:
-            raise CdscopeError(
-                f"--resume: settings differ from the checkpointed run ({', '.join(changed)}); "
-                "resume with the same settings or start a new --out-dir"
-            )
+        restore = functools.partial(load_full_states, model, optimizer) if shards.sharded else None
+        checkpoint = load_checkpoint(out_dir, model, optimizer, scheduler, restore)
+        check_resumable(checkpoint, cfg)
         start_step, log_rows, resumed_from = checkpoint.step, checkpoint.log_rows, checkpoint.step
     elif latest_checkpoint_path(out_dir) is not None:
         raise CdscopeError(
@@ -122,9 +134,11 @@ def train(
             "or choose another --out-dir"
         )
     end_step = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
+    main = shards.rank == 0  # only rank 0 writes the log, the tracker and the checkpoints
     with (
         GatedModel(model, granularity=cfg.granularity) as gm,
         progress_bar(console, "live") as progress,
+        tracking(cfg, start_step) if main else contextlib.nullcontext(_no_tracker) as track,
     ):
         cd = CDRFTStep(cfg, gm, inputs.probe, params, lambda: latest_checkpoint_path(out_dir))
         bar = progress.add_task(
@@ -137,12 +151,19 @@ def train(
                     bar, description=f"train {cfg.regularizer} step {step + 1}: {phase}"
                 )
 
-            row = _one_step(inputs, cd, optimizer, scheduler, step, status)
+            row = _one_step(inputs, cd, optimizer, scheduler, step, status, shards)
             log_rows.append(row)
-            write_parquet(pd.DataFrame(log_rows), out_dir / LOG_NAME, inputs.metadata)
+            if main:
+                write_parquet(pd.DataFrame(log_rows), out_dir / LOG_NAME, inputs.metadata)
+            track(row)
             done = step + 1
             if done % cfg.save_every == 0 or done == cfg.steps or done == end_step:
-                save_checkpoint(out_dir, done, model, optimizer, scheduler, cfg.to_dict(), log_rows)
+                states = full_states(model, optimizer) if shards.sharded else None  # collective
+                if main:
+                    save_checkpoint(
+                        out_dir, done, model, optimizer, scheduler, cfg.to_dict(), log_rows,
+                        states,
+                    )  # fmt: skip
             live = (
                 f"reward {row['reward']:.2f}  B_shared {100 * row['b_shared_before']:.1f}"
                 f"->{100 * row['b_shared_after']:.1f}%  proj {row['proj_iters']}"
@@ -156,6 +177,22 @@ def train(
     return TrainResult(out_dir, pd.DataFrame(log_rows), end_step, resumed_from, final_dir)
 
 
+def engines(inputs: TrainInputs) -> None:
+    """Apply ``--activation-checkpointing`` and ``--sharding fsdp`` to the run's models
+    (``train.engine``), in that order (checkpointing wraps each block's forward, then FSDP2
+    shards the blocks; the frozen reference model is sharded too, it is only run forward)."""
+    cfg = inputs.cfg
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(inputs.model)
+    if cfg.sharding == "fsdp":
+        others = (inputs.ref_model,) if inputs.ref_model is not None else ()
+        shard(inputs.model, *others)
+
+
+def _no_tracker(row: dict[str, Any]) -> None:
+    """The tracker of a rank that is not rank 0: sends nothing."""
+
+
 def _one_step(
     inputs: TrainInputs,
     cd: CDRFTStep,
@@ -163,9 +200,14 @@ def _one_step(
     scheduler: torch.optim.lr_scheduler.LambdaLR,
     step: int,
     status: Callable[[str], None],
+    shards: Shards,
 ) -> dict[str, Any]:
     """One optimizer step (0-based ``step``): rollouts, rewards, the GRPO backward, then
-    the CD-RFT step around AdamW (``cd``). Returns the step's log row."""
+    the CD-RFT step around AdamW (``cd``). Returns the step's log row.
+
+    Sharded (``shards``): every rank rolls out and rewards the whole batch (the same
+    samples: one seed, the gathered model), backpropagates its 1/W of the completions
+    scaled by W (FSDP averages over ranks), and logs the loss / KL summed over ranks."""
     cfg, model = inputs.cfg, inputs.model
     began = time.perf_counter()
     status("rollouts")
@@ -173,17 +215,18 @@ def _one_step(
         inputs.tasks[i]
         for i in step_task_indices(len(inputs.tasks), cfg.seed, step, cfg.prompts_per_step)
     ]
-    rollouts = sample(
-        model,
-        inputs.tokenizer,
-        [t.prompt for t in chosen],
-        num_samples=cfg.group_size,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        seed=rollout_seed(cfg.seed, step),
-        batch_size=cfg.rollout_batch_size,
-        top_p=cfg.top_p,
-    )
+    with gathered(model):  # sharded: all-gathered once for the whole generation
+        rollouts = sample(
+            model,
+            inputs.tokenizer,
+            [t.prompt for t in chosen],
+            num_samples=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=rollout_seed(cfg.seed, step),
+            batch_size=cfg.rollout_batch_size,
+            top_p=cfg.top_p,
+        )
     expected = torch.arange(len(chosen)).repeat_interleave(cfg.group_size)
     if not torch.equal(rollouts.prompt_index, expected):  # groups must be consecutive rows
         raise RuntimeError("generation.sample returned rows that are not grouped by prompt")
@@ -205,12 +248,16 @@ def _one_step(
         beta=cfg.beta,
         ref_model=inputs.ref_model,
         micro_batch_size=cfg.micro_batch_size,
+        share=shards.share(len(rollouts.texts)),
+        scale=float(shards.world),
     )
+    loss, kl = shards.total([stats.loss, stats.kl])
     backbone_s = time.perf_counter() - t
-    if not math.isfinite(stats.loss):
+    if not math.isfinite(loss):
         raise cd.diverged(step + 1, "the GRPO loss")
     # clipping (off by default) acts on the backbone gradient only, as in the TRL route
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(cd.params, cfg.max_grad_norm or math.inf))
+    norm = torch.nn.utils.clip_grad_norm_(cd.params, cfg.max_grad_norm or math.inf)
+    grad_norm = float(whole(norm))
 
     cd.before_update(step + 1, status)
     lr = scheduler.get_last_lr()[0]
@@ -220,8 +267,8 @@ def _one_step(
     return {
         "step": step + 1,
         **reward_columns,
-        "loss": stats.loss,
-        "kl": stats.kl,
+        "loss": loss,
+        "kl": kl,
         "grad_norm_backbone": grad_norm,
         "lr": lr,
         "completion_tokens": stats.tokens,

@@ -85,11 +85,25 @@ def score(
     return scores, columns
 
 
-def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path:
-    """``save_pretrained`` model + tokenizer into a temp folder, then rename to ``target``."""
-    from cdscope.io import atomic_dir
+def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path | None:
+    """``save_pretrained`` model + tokenizer into a temp folder, then rename to ``target``.
 
+    Under a launcher every rank calls it and rank 0 alone writes (returns None elsewhere);
+    an FSDP2-sharded model's full weights are gathered to rank 0 first (a collective)."""
+    from cdscope.distributed import is_sharded
+    from cdscope.io import atomic_dir
+    from cdscope.train.engine import full_model_state
+
+    state = full_model_state(model) if is_sharded(model) else None
+    if not _rank_zero():
+        return None
     with atomic_dir(target) as tmp:  # writer errors: one line, the temp folder removed
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
     return target
+
+
+def _rank_zero() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

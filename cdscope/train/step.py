@@ -24,6 +24,14 @@ gradient; each computes the same lambda grad R and rank 0's copy is broadcast (a
 rank 0's projected weights when rank 0 projected), so the regulariser enters once per
 optimizer step, not once per rank, and kernels that are not bit-deterministic (CUDA
 atomics) cannot let the replicas drift. Without a process group both are no-ops.
+
+Under FSDP2 (the hf loop's ``--sharding fsdp``, TRL under accelerate's FSDP2 plugin) the
+parameters are DTensor shards, each rank owning its own: nothing is broadcast. The
+regulariser's gradient reaches the shards through FSDP's backward, every rank on the whole
+probe (``core.grad_sink.GradSink``); the projection loop runs while rank 0's B_shared is
+above tau and the finite checks agree over ranks (``engine.Shards``), so every rank takes
+the same branches and FSDP's collectives match. In every engine a trainable parameter
+that holds no gradient while others do stops the step with one line naming it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from torch import nn
 
 from cdscope.core.batch import ProbeBatch, rows_per_forward
 from cdscope.core.gates import GatedModel
+from cdscope.core.grad_sink import require_reached
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
 from cdscope.train.cdrft import (
@@ -50,6 +59,7 @@ from cdscope.train.cdrft import (
     project,
 )
 from cdscope.train.config import TrainConfig
+from cdscope.train.engine import shards_of
 
 Status = Callable[[str], None]
 
@@ -73,7 +83,8 @@ class CDRFTStep:
         params: Sequence[nn.Parameter],
         last_checkpoint: Callable[[], Path | None],
     ) -> None:
-        self.cfg, self.gm, self.probe, self.params = cfg, gm, probe, list(params)
+        self.cfg, self.gm, self.probe = cfg, gm, probe
+        self.params = list(params)  # set again when an engine replaces them (TRL + FSDP2)
         self.last_checkpoint = last_checkpoint
         self.rows = rows_per_forward(cfg.probe_batch_size, execution_device(gm.model))
         #: the closing measurement of the last step: C at the theta the next step opens with
@@ -97,7 +108,7 @@ class CDRFTStep:
         """After the backbone backward, before the optimizer step: measure at theta (or
         take the carried measurement), add lambda grad R to ``.grad``, check finiteness.
         Returns the measurement before the step."""
-        cfg = self.cfg
+        cfg, shards = self.cfg, shards_of(self.params)
         began = time.perf_counter()
         before = self.carried
         if before is None:
@@ -112,10 +123,12 @@ class CDRFTStep:
                 self.gm, self.probe, self.params, cfg.lam, cfg.estimator, cfg.eps, self.rows,
                 at=before,
             ).R  # fmt: skip
-            # the backbone part is already the all-reduced mean: rank 0's sum is everyone's
-            _same_on_every_rank([p.grad for p in self.params if p.grad is not None])
+            if not shards.sharded:  # DDP: the backbone part is already the all-reduced
+                # mean, so rank 0's sum is everyone's (FSDP: each rank owns its shards)
+                _same_on_every_rank([p.grad for p in self.params if p.grad is not None])
             regularizer_s = time.perf_counter() - began
-        if not finite_params(self.params):
+        self._require_gradients()
+        if not shards.all(finite_params(self.params)):
             raise self.diverged(step, "the gradient")
         self.fields = {
             "b_shared_before": before.b_shared,
@@ -129,7 +142,7 @@ class CDRFTStep:
     def after_update(self, step: int, status: Status = _quiet) -> ProjectionResult:
         """Right after the optimizer step: measure, project (cdrft), check the parameters,
         and carry the closing measurement over to the next step."""
-        cfg = self.cfg
+        cfg, shards = self.cfg, shards_of(self.params)
         began = time.perf_counter()
         after = measure(self.gm, self.probe, self.rows)
         self.fields["measure_s"] += time.perf_counter() - began
@@ -137,13 +150,13 @@ class CDRFTStep:
             status("projection")
             proj = project(
                 self.gm, self.probe, self.params, cfg.tau, cfg.k_max, cfg.eta_proj,
-                cfg.estimator, cfg.eps, self.rows, start=after,
+                cfg.estimator, cfg.eps, self.rows, start=after, agreed=shards.from_rank_zero,
             )  # fmt: skip
         else:
             proj = ProjectionResult(0, after, after, 0.0)
-        if _world_size() > 1 and _from_rank_zero(proj.iterations):
+        if not shards.sharded and _world_size() > 1 and _from_rank_zero(proj.iterations):
             _same_on_every_rank([p.data for p in self.params])  # rank 0's projected weights
-        if not finite_params(self.params):
+        if not shards.all(finite_params(self.params)):
             raise self.diverged(step, "a parameter after the update")
         self.carried = proj.after
         self.fields.update(
@@ -154,6 +167,15 @@ class CDRFTStep:
             projection_s=proj.seconds,
         )
         return proj
+
+    def _require_gradients(self) -> None:
+        """No silent zero: once any trainable parameter holds a gradient for this step,
+        every one must (an optimizer skips a parameter whose ``.grad`` is None, so a
+        gradient that never reached it would leave it untrained without a word). A step
+        with no completion token has no backbone gradient at all and is left alone."""
+        reached = [p.grad is not None for p in self.params]
+        if any(reached):
+            require_reached(self.gm.model, self.params, reached, "the training step's gradient")
 
     def log_fields(self, timings: dict[str, float] | None = None) -> dict[str, Any]:
         """The step's probe and regulariser columns, then the backend's own phase

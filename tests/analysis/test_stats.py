@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
+from scipy.special import nctdtr
 
 from cdscope.analysis import stats as cs
+from cdscope.analysis.spectral import b_shared
+from cdscope.analysis.uncertainty import FamilySamples, bootstrap_intervals
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 
@@ -114,12 +117,98 @@ def test_bootstrap_ci_contains_mean_and_is_deterministic():
 def test_bootstrap_ci_matches_explicit_resampling_loop():
     x = np.random.default_rng(9).exponential(1.0, 15)
     B, seed = 300, 5
-    res = cs.bootstrap_ci(x, stat=np.median, B=B, seed=seed, level=0.9)
     idx = np.random.default_rng(seed).integers(0, x.size, size=(B, x.size))
     boot = [np.median(x[row]) for row in idx]
-    assert res.ci_low == pytest.approx(np.quantile(boot, 0.05), rel=1e-14)
-    assert res.ci_high == pytest.approx(np.quantile(boot, 0.95), rel=1e-14)
+    lo, mid, hi = np.quantile(boot, [0.05, 0.5, 0.95])
+    res = cs.bootstrap_ci(x, stat=np.median, B=B, seed=seed, level=0.9, method="percentile")
+    assert res.ci_low == pytest.approx(lo, rel=1e-14)
+    assert res.ci_high == pytest.approx(hi, rel=1e-14)
     assert res.estimate == pytest.approx(np.median(x))
+    centred = cs.bootstrap_ci(x, stat=np.median, B=B, seed=seed, level=0.9)
+    assert centred.method == "centred"  # the default
+    shift = np.median(x) - mid
+    assert centred.ci_low == pytest.approx(lo + shift, rel=1e-14)
+    assert centred.ci_high == pytest.approx(hi + shift, rel=1e-14)
+
+
+def _b_shared_draws(rows: np.ndarray, B: int, seed: int) -> np.ndarray:
+    """The audit's bootstrap of B_shared, written out: each family's n samples resampled
+    independently, C = family means, B_shared = lambda_1 / tr of C C^T by eigvalsh."""
+    rng = np.random.default_rng(seed)
+    M, n, _ = rows.shape  # noqa: N806
+    out = []
+    for _ in range(B):
+        C = np.stack([rows[m, rng.integers(0, n, n)].mean(axis=0) for m in range(M)])
+        w = np.linalg.eigvalsh(C @ C.T)
+        out.append(w[-1] / w.sum())
+    return np.array(out)
+
+
+def test_bootstrap_interval_contains_the_estimate_where_the_percentile_one_does_not():
+    """B_shared of 3 families x n = 3 probe samples, resampled within families (as the
+    audit does): the bootstrap values sit mostly below the estimate; the percentile
+    interval excludes it, the centred one keeps the same width around it."""
+    rng = np.random.default_rng(14)  # one of 80 draws searched; 99 % of its values lie below
+    shared = rng.standard_normal(12)
+    rows = np.stack([s * shared + 1.5 * rng.standard_normal((3, 12)) for s in (1.0, 1.4, 0.8)])
+    C = rows.mean(axis=1)
+    w = np.linalg.eigvalsh(C @ C.T)
+    estimate = w[-1] / w.sum()
+    draws = _b_shared_draws(rows, 1000, 0)
+    assert np.mean(draws < estimate) > 0.975  # the resampling bias, not a rare draw
+    lo, hi = cs.bootstrap_interval(draws, estimate, method="percentile")
+    assert hi < estimate  # what the percentile interval reports
+    c_lo, c_hi = cs.bootstrap_interval(draws, estimate)
+    assert c_lo <= estimate <= c_hi
+    assert c_hi - c_lo == pytest.approx(hi - lo, rel=1e-12)
+
+
+def test_audit_bootstrap_contains_the_value_it_is_drawn_around():
+    """The audit's per-seed interval (uncertainty.bootstrap_intervals): 3 families x n = 3
+    samples where the percentile interval misses B_shared (one of 48 such probes in 200
+    synthetic draws); given the full-sample value, the interval contains it."""
+    rng = np.random.default_rng(3)
+    shared, sets = rng.standard_normal(60), []
+    for _ in range(3):
+        logp = -rng.uniform(5, 30, 3)
+        scale = shared * rng.uniform(0.5, 2) + rng.standard_normal((3, 60)) * rng.uniform(0.5, 3)
+        sets.append(FamilySamples(logp, scale * 0.1 * np.abs(logp)[:, None], np.ones((3, 60))))
+    C = np.stack([s.dlogp.mean(axis=0) / s.logp.mean() for s in sets])
+    w = np.linalg.eigvalsh(C @ C.T)
+    value = {"B_shared_C": w[-1] / w.sum()}
+
+    def measure(families, C, F):  # noqa: N803, ANN001
+        return {"B_shared_C": float(b_shared(C))}
+
+    plain = bootstrap_intervals(["a", "b", "c"], sets, measure, (), B=500, seed=0)
+    assert plain["B_shared_C"][1] < value["B_shared_C"]  # the percentile interval misses it
+    lo, hi = bootstrap_intervals(["a", "b", "c"], sets, measure, (), 500, 0, estimates=value)[
+        "B_shared_C"
+    ]
+    assert lo <= value["B_shared_C"] <= hi
+    assert hi - lo == pytest.approx(plain["B_shared_C"][1] - plain["B_shared_C"][0], rel=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=40),
+    finite,
+    st.sampled_from([0.5, 0.9, 0.95, 0.99]),
+)
+def test_centred_interval_always_contains_the_estimate(draws, estimate, level):
+    lo, hi = cs.bootstrap_interval(draws, estimate, level)
+    assert lo <= estimate <= hi
+    p_lo, p_hi = cs.bootstrap_interval(draws, estimate, level, "percentile")
+    assert hi - lo == pytest.approx(p_hi - p_lo, rel=1e-9, abs=1e-6)
+
+
+def test_bootstrap_interval_drops_non_finite_draws_and_checks_its_method():
+    lo, hi = cs.bootstrap_interval([1.0, np.nan, 2.0, np.inf, 3.0], 2.0, method="percentile")
+    assert (lo, hi) == pytest.approx(tuple(np.quantile([1.0, 2.0, 3.0], [0.025, 0.975])))
+    assert all(math.isnan(v) for v in cs.bootstrap_interval([np.nan, np.inf], 1.0))
+    assert all(math.isnan(v) for v in cs.bootstrap_interval([1.0, 2.0], float("nan")))
+    with pytest.raises(ValueError, match="method"):
+        cs.bootstrap_interval([1.0], 1.0, method="bca")
 
 
 def test_bootstrap_ci_constant_sample_and_errors():
@@ -168,6 +257,20 @@ def test_paired_t_power_agrees_with_monte_carlo() -> None:
     nc = delta * np.sqrt(S) / sd
     crit = sps.t.ppf(0.975, S - 1)
     assert power == pytest.approx(sps.nct.sf(crit, S - 1, nc) + sps.nct.cdf(-crit, S - 1, nc))
+
+
+def test_power_survives_scipys_nan_tails() -> None:
+    """scipy's nctdtr returns NaN where a tail underflows (df 1, nc 70.7: the lower tail at
+    -t_crit); power must stay a probability, non-decreasing in the effect, and a huge
+    effect needs 2 seeds, not 3."""
+    assert np.isnan(nctdtr(1, 0.05 * np.sqrt(2) / 0.001, -sps.t.ppf(0.975, 1)))  # the trap
+    assert cs.paired_t_power(0.05, 0.001, 2) == pytest.approx(1.0, abs=1e-7)
+    assert cs.seeds_needed(0.05, 0.001) == 2
+    for seeds in (2, 3, 4, 6, 11, 51):
+        power = [cs.paired_t_power(d, 1.0, seeds) for d in np.geomspace(1e-2, 2e3, 400)]
+        assert np.isfinite(power).all(), seeds
+        assert np.all(np.diff(power) >= 0.0), seeds  # measured: smallest step exactly 0
+        assert min(power) >= 0.05 and max(power) <= 1.0
 
 
 def test_seeds_needed_edge_cases() -> None:

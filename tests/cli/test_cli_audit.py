@@ -141,7 +141,10 @@ def test_acg_and_decompose(two_models, pool, tmp_path) -> None:
         "abs_cos[code|logic]" in result.output and "PR[math]" in result.output
     )  # not eaten as markup
     dec = pd.read_parquet(tmp_path / "d.parquet")
-    assert {"B_dir", "B_norm", "abs_cos[code|logic]", "PR[math]"} <= set(dec["measure"])
+    assert {"B_dir", "B_norm", "abs_cos", "PR", "top1%"} <= set(dec["measure"])
+    pair = dec[(dec["measure"] == "abs_cos") & (dec["family"] == "code")]
+    assert set(pair["family_b"]) == {"logic", "math"}  # tidy: the pair in two columns
+    assert set(dec.loc[dec["measure"] == "PR", "value_unit"]) == {"gates"}
     assert (tmp_path / "d.png").stat().st_size > 10_000
 
 
@@ -168,7 +171,7 @@ def test_models_with_different_K_refuse_only_K_dependent_deltas(two_models, pool
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout.strip().splitlines()[-1])
     measures = {r["measure"] for r in payload["paired"]}
-    assert "B_shared_C" in measures and not any(m.startswith("PR[") for m in measures)
+    assert "B_shared_C" in measures and not measures & {"PR", "top1%"}
     assert payload["refused_pairs"]
 
 

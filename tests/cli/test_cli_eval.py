@@ -123,6 +123,31 @@ def test_scoring_and_passk_with_canned_completions(tiny_model_dir, tmp_path, mon
     assert passk.loc[("benchmark", "math/mul", 1), "pass_at_k"] == pytest.approx(0.25)
 
 
+def test_a_benchmark_in_its_own_columns(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """--tasks reads a Parquet file in a user's column names through --task-columns, and
+    scores the formats models write (#### N, Answer:, boxed text)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"q": "What is 6 * 7?", "a": "42", "uid": "q1"},
+        {"q": "Is 7 prime?", "a": "Yes", "uid": "q2"},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "quiz.parquet")
+    texts = {"q1": ["#### 42", "Answer: 41"], "q2": ["\\boxed{\\text{Yes}}", "Answer: Yes or No"]}
+    monkeypatch.setattr(ev, "hf_generator", _canned(texts))
+    args = ["eval", "--model", tiny_model_dir, "--tasks", tmp_path / "quiz.parquet", "--n", 2]
+    unmapped = invoke(*args, "--k", 1, "--out", tmp_path / "x")
+    _fails_cleanly(unmapped, tmp_path / "x", "cannot tell the schema")
+    result = invoke(*args, "--k", 1, "--task-columns", "prompt=q,answer=a,id=uid,verifier=logic",
+                    "--out", tmp_path / "o")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    samples = pd.read_parquet(tmp_path / "o" / "samples.parquet").sort_values(
+        ["problem_id", "sample"]
+    )
+    assert samples["passed"].tolist() == [True, False, True, False]
+
+
 def _fails_cleanly(result, out: Path, needle: str) -> None:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.strip().splitlines() if line.strip()]

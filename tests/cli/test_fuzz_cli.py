@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from cdscope import io as cio
 from cdscope.cli import app
 from cdscope.output.frames import FRAME_COLUMNS
-from tests.helpers import write_pool
+from tests.helpers import write_foreign_parquet, write_pool
 
 runner = CliRunner()
 FUZZ = settings(
@@ -266,3 +266,170 @@ def test_corrupted_parquet_files(files, tmp_path, data) -> None:
     out = source.parent / "out.parquet"
     result = runner.invoke(app, [command, "--from", str(source), "-o", str(out)])
     clean(result, [out, out.with_name(out.stem + ".summary.parquet")], tmp_path)
+
+
+# -- usage errors: one line with the value as typed (issue #26) ------------------------------
+USAGE_CASES = [
+    (["probe", "--seeds", "0"], "--seeds '0'"),
+    (["probe", "--seeds", "abc"], "--seeds 'abc'"),
+    (["probe", "--seeds=abc"], "--seeds 'abc'"),
+    (["probe", "-s0"], "--seeds '0'"),
+    (["probe", "--seeds", "99999999999999999999"], "--seeds '99999999999999999999'"),
+    (["probe", "--n", "-1"], "--n '-1'"),
+    (["probe", "--n", "1.5"], "--n '1.5'"),
+    (["probe", "--fd-step", "nan"], "--fd-step 'nan'"),
+    (["probe", "--batch-size", "0"], "--batch-size '0'"),
+    (["probe", "--bogus"], "--bogus"),
+    (["probe", "-m"], "-m"),
+    (["probe", "stray"], "stray"),
+    (["bogus"], "'bogus'"),
+    (["--bogus"], "--bogus"),
+    (["bshared", "-s", "x"], "--seeds 'x'"),
+    (["bshared", "--fail-above", "101"], "--fail-above '101'"),
+    (["bshared", "--detect", "0"], "--detect '0'"),
+    (["bshared", "--bootstrap", "-1"], "--bootstrap '-1'"),
+    (["random-ref", "-M", "abc"], "--families 'abc'"),
+    (["random-ref", "--value", "ten"], "--value 'ten'"),
+    (["eval", "--top-p", "2"], "--top-p '2'"),
+    (["eval", "--workers", "0"], "--workers '0'"),
+    (["eap-info", "--n", "0"], "--n '0'"),
+    (["gradcheck", "--first-seed", "-1"], "--first-seed '-1'"),
+    (["nsweep", "--seeds", "0"], "--seeds '0'"),
+    (["eap-info", "--max-new-tokens", "99999999999999999999"], "--max-new-tokens"),
+]
+
+
+@pytest.mark.parametrize(("args", "shown"), USAGE_CASES, ids=[" ".join(a) for a, _ in USAGE_CASES])
+def test_click_rejections_are_one_error_line_with_the_value(tmp_path, args, shown) -> None:
+    """Every value Click/Typer rejects: exit 2 and one ``error:`` line that shows the value
+    as typed and where help is (today: a four-line usage block without the value)."""
+    out = ["-o", str(tmp_path / "o.parquet")]
+    result = runner.invoke(app, args if args[0].startswith("-") else [args[0], *out, *args[1:]])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert shown in lines[0] and "--help" in lines[0], lines[0]
+    assert not list(tmp_path.iterdir())
+
+
+MODEL_OPTIONS = {
+    "--device": ["quantum", "cpu", "cuda:7"], "--dtype": ["float64", "bogus"],
+    "--attn": ["eager"], "--device-map": ["auto"], "--max-memory": ["0=1GiB"],
+    "--offload-dir": ["off"], "--revision": ["main"], "--trust-remote-code": [None],
+}  # fmt: skip
+
+
+@FUZZ
+@given(data=st.data())
+def test_from_refuses_every_model_option(files, tmp_path, data) -> None:
+    """--from reads earlier measurements: any model option beside it is refused by name
+    with its value (today --dtype and even --device quantum are silently ignored)."""
+    chosen = data.draw(st.lists(st.sampled_from(sorted(MODEL_OPTIONS)), min_size=1, max_size=3,
+                                unique=True))  # fmt: skip
+    extra = []
+    for option in chosen:
+        value = data.draw(st.sampled_from(MODEL_OPTIONS[option]))
+        extra += [option] if value is None else [option, value]
+    command = data.draw(st.sampled_from(["bshared", "acg", "decompose"]))
+    out = fresh(tmp_path) / "o.parquet"
+    result = runner.invoke(app, [command, "--from", str(files["probe"]), *extra, "-o", str(out)])
+    clean(result, [out], tmp_path)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert "does not apply to --from" in line and chosen[0] in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["random-ref", "-M", "3", "-K", "4", "--value", "10"], "between 1/M = 33.33"),
+        (["random-ref", "-M", "4", "-K", "4", "--value", "20"], "between 1/M = 25"),
+        (["eval", "--max-new-tokens", "99999999999999999999"], "--max-new-tokens values"),
+        (["eval", "--max-new-tokens", "math=10000000"], "--max-new-tokens values"),
+        (["nsweep", "--from", "PROBE", "--dtype", "float64"], "--dtype float64 does not apply"),
+    ],
+)
+def test_absurd_option_values_are_refused(files, tmp_path, args, message) -> None:
+    args = [str(files["probe"]) if a == "PROBE" else a for a in args]
+    if args[0] == "eval":
+        args += ["--tasks", str(files["tasks"]), "-m", MISSING_MODEL]
+    result = runner.invoke(app, [*args, "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert result.output.strip().count("\n") == 0
+
+
+def test_random_ref_value_at_the_bound_as_printed_is_accepted(tmp_path) -> None:
+    """33.3 (1/3 as the tables print it) is a real measurement, not below 1/M."""
+    out = tmp_path / "r.parquet"
+    result = runner.invoke(app, ["random-ref", "-M", "3", "-K", "4", "-T", "5", "--value", "33.3",
+                                 "-o", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+# -- crafted probe files: one line each (issue #26) ------------------------------------------
+def _with_samples(files: dict[str, Path], root: Path) -> tuple[pd.DataFrame, dict]:
+    """The fuzz probe file with per-sample columns (n = 2 per family), consistent with C."""
+    frame, meta = cio.read_parquet(files["probe"])
+    frame["logp_samples"] = [[-2.0, -2.0]] * len(frame)
+    frame["dlogp_samples"] = [[2 * c, 2 * c] for c in frame["C"]]
+    frame["F_samples"] = [[f, f] for f in frame["F"]]
+    return frame, meta
+
+
+CRAFTED = {
+    "NaN in dlogp_samples": (lambda f: f.assign(dlogp_samples=[[np.nan, 1.0]] + list(f["dlogp_samples"][1:])),
+                             "dlogp_samples of family"),
+    "wrong per-sample length": (lambda f: f.assign(F_samples=[[1.0, 2.0, 3.0]] + list(f["F_samples"][1:])),
+                                "differ in length"),
+    "C stored as strings": (lambda f: f.assign(C=f["C"].astype(str)), "column 'C' holds"),
+    "finite C = 1e200": (lambda f: f.assign(C=1e200), "absurdly large"),
+    "per-sample strings": (lambda f: f.assign(logp_samples=[["a", "b"]] * len(f)), "not a list of numbers"),
+    "F = -inf": (lambda f: f.assign(F=f["F"].where(f.index != 3, -np.inf)), "F of family"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+@pytest.mark.parametrize("command", ["bshared", "nsweep"])
+def test_crafted_from_files_are_one_line(files, tmp_path, case, command) -> None:
+    """Files cdscope could not have written end in one line naming the value (today:
+    LinAlgError, ValueError and TypeError tracebacks)."""
+    change, message = CRAFTED[case]
+    frame, meta = _with_samples(files, tmp_path)
+    source = write_foreign_parquet(change(frame), tmp_path / "c.probe.parquet", meta)
+    out = tmp_path / "o.parquet"
+    extra = ["--ns", "1,2"] if command == "nsweep" else []
+    result = runner.invoke(app, [command, "--from", str(source), *extra, "-o", str(out)])
+    clean(result, [out, out.with_name("o.summary.parquet")], tmp_path)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert result.output.strip().count("\n") == 0
+
+
+def test_the_sound_crafted_baseline_is_accepted(files, tmp_path) -> None:
+    """The unmodified per-sample file of the crafted cases is read (the cases above fail for
+    their one change, not for the fixture)."""
+    frame, meta = _with_samples(files, tmp_path)
+    source = cio.write_parquet(frame, tmp_path / "c.probe.parquet", meta)
+    out = tmp_path / "o.parquet"
+    result = runner.invoke(app, ["bshared", "--from", str(source), "--bootstrap", "0",
+                                 "-o", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+@FUZZ
+@given(data=st.data())
+def test_corrupted_per_sample_columns(files, tmp_path, data) -> None:
+    """Random values in random per-sample cells: exit 0 or one line, never a traceback."""
+    frame, meta = _with_samples(files, tmp_path)
+    column = data.draw(st.sampled_from(["logp_samples", "dlogp_samples", "F_samples"]))
+    row = data.draw(st.integers(0, len(frame) - 1))
+    cell = data.draw(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                                        st.integers(-(2**40), 2**40)), min_size=0, max_size=4))  # fmt: skip
+    frame[column] = frame[column].astype(object)
+    frame.at[row, column] = [float(x) for x in cell]
+    source = cio.write_parquet(frame, fresh(tmp_path) / "c.probe.parquet", meta)
+    out = source.parent / "o.parquet"
+    result = runner.invoke(app, ["bshared", "--from", str(source), "--bootstrap", "5",
+                                 "-o", str(out)])  # fmt: skip
+    clean(result, [out, out.with_name("o.summary.parquet")], tmp_path)
+    if result.exit_code == 2:
+        assert result.output.strip().count("\n") == 0, result.output

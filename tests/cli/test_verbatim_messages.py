@@ -285,18 +285,23 @@ def test_tables_and_progress_are_verbatim_even_on_a_markup_console() -> None:
     table.add_column("h[/]h")
     table.add_row("m[link=x]m")
     console.print(table)
-    with progress_bar(console, "live") as progress:
-        progress.add_task("loading m[bold]x", total=1, live="[red]live")
+    with progress_bar(console, "live") as progress:  # not a terminal: one line per unit
+        progress.advance(progress.add_task("loading m[bold]x", total=1, live="[red]live"))
     text = buffer.getvalue()
     for expected in (
         "runs/[bold]t",
         "c[red]c",
         "h[/]h",
         "m[link=x]m",
-        "loading m[bold]x",
+        "loading m[bold]x: 1/1 done",
         "[red]live",
     ):
         assert expected in text
+    terminal = Console(file=io.StringIO(), width=300, markup=True, emoji=True, force_terminal=True)
+    with progress_bar(terminal, "live") as progress:  # the live bar's columns
+        progress.add_task("loading m[bold]x", total=1, live="[red]live")
+    assert "loading m[bold]x" in terminal.file.getvalue()
+    assert "[red]live" in terminal.file.getvalue()
 
 
 def test_no_rich_widget_is_built_outside_the_rendering_point() -> None:

@@ -113,9 +113,27 @@ def test_frames_are_bounded() -> None:
 
 
 def test_hash_collisions_cost_is_bounded() -> None:
-    """Ints equal mod 2**61 - 1 share a hash: the largest set the decoder accepts still
-    decodes quickly, so a hostile reply cannot stall the parent."""
+    """Ints equal mod 2**61 - 1 share a hash. A set of more than ``MAX_SAME_HASH`` of them
+    is refused before any set is built (it failed only past ``MAX_HASHED`` before, and
+    4,096 colliding deep tuples then held a verdict for 15 s at a 5 s timeout); the
+    largest accepted mix of colliding groups still decodes quickly."""
     colliding = [k * (2**61 - 1) for k in range(1, wire.MAX_HASHED + 1)]
+    with pytest.raises(wire.WireError, match="with one hash"):
+        wire.decode({"s": colliding})
+    deep = [{"t": [{"t": list(range(200))}, k * (2**61 - 1) + 1]} for k in range(1, 18)]
+    with pytest.raises(wire.WireError, match="with one hash"):
+        wire.decode({"d": [[key, 0] for key in deep]})
+    groups = [g + k * (2**61 - 1) for g in range(256) for k in range(1, wire.MAX_SAME_HASH + 1)]
     start = time.perf_counter()
-    assert len(wire.decode({"s": colliding})) == wire.MAX_HASHED
-    assert time.perf_counter() - start < 5.0
+    assert len(wire.decode({"s": groups})) == wire.MAX_HASHED
+    assert time.perf_counter() - start < 1.0  # floor ~5 ms measured at 1 and 2 threads
+
+
+def test_decoding_stops_at_the_deadline() -> None:
+    """The deadline covers decoding: a value still being decoded when it passes is a
+    ``WireTimeout`` (checked every ``CHECK_EVERY`` nodes), not a late verdict."""
+    data = [[1, 2, 3]] * 10_000
+    assert wire.decode(data, deadline=time.monotonic() + 60) == [[1, 2, 3]] * 10_000
+    with pytest.raises(wire.WireTimeout):
+        wire.decode(data, deadline=time.monotonic() - 1)
+    assert wire.decode([1] * (wire.CHECK_EVERY - 2), deadline=time.monotonic() - 1)  # no check yet

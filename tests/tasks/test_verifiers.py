@@ -12,9 +12,10 @@ import pytest
 from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
 from cdscope.tasks import Task, task_from_probe_item, verify, verify_many
-from cdscope.tasks.answers import find_final_answer, parse_number
+from cdscope.tasks.answers import find_final_answer
 from cdscope.tasks.code import build_program, extract_code
 from cdscope.tasks.logic import check_shortest_path
+from cdscope.tasks.numeric import parse_number
 from cdscope.tasks.sandbox import sandbox_available
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ def math_task(answer: str) -> Task:
     ("completion", "expected"),
     [
         ("so \\boxed{12} and later \\boxed{\\frac{3}{4}}.", "\\frac{3}{4}"),
-        ("\\boxed{\\text{{nested} braces}}", "\\text{{nested} braces}"),
+        ("\\boxed{\\text{{nested} braces}}", "{nested} braces"),
         ("The answer is 5.\nThen again, the answer is: **7**.", "7"),
         ("First answer is 3; \\boxed{4} wins over 'answer is'", "4"),
         ("The Answer Is $-2.5$.\nQuestion: next", "-2.5"),
@@ -204,12 +205,8 @@ def code_items() -> list:
     return list(load_pool([PROBES / "code.jsonl"]).by_family["code"])
 
 
-def test_code_extraction_stops_and_fences() -> None:
+def test_code_extraction_keeps_the_function_and_drops_what_follows() -> None:
     body = "    return a + b\n"
-    assert extract_code(body + "\ndef unrelated():\n    pass\n", "add") == (body, False)
-    assert extract_code(body + "\nprint(add(1, 2))\n", "add") == (body, False)
-    fenced = "Here:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
-    assert extract_code(fenced, "add") == ("def add(a, b):\n    return a + b\n", True)
     task = Task(
         "c/1",
         "code",
@@ -218,8 +215,13 @@ def test_code_extraction_stops_and_fences() -> None:
         tests="def check(f):\n    assert f(1, 2) == 3\n",
         entry_point="add",
     )
-    program = build_program(task, body)
-    assert program == "def add(a, b):\n" + body + "\n" and "check" not in program  # no tests
+    program = "def add(a, b):\n" + body
+    assert build_program(task, body + "\ndef unrelated():\n    pass\n") == program
+    assert build_program(task, body + "\nprint(add(1, 2))\n") == program
+    fenced = "Here:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    assert extract_code(fenced, "add") == ("def add(a, b):\n    return a + b\n", True)
+    assert build_program(task, fenced) == "def add(a, b):\n    pass\n" + program
+    assert build_program(task, body) == program and "check" not in program  # no tests
 
 
 @needs_sandbox

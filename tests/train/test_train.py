@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from cdscope.analysis.spectral import b_shared
 from cdscope.cli import app
-from cdscope.commands.audit import AUDITS, run_audit
+from cdscope.commands.audit import AUDITS
+from cdscope.commands.audit_run import run_audit
 from cdscope.commands.train import run_train
 from cdscope.core.control import control_autograd
 from cdscope.core.gates import GatedModel

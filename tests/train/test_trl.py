@@ -123,8 +123,40 @@ def test_trl_overrides_are_checked(inputs) -> None:
     assert grpo_config(inputs, vllm_mode="server").vllm_mode == "server"
     with pytest.raises(CdscopeError, match="GRPOConfig refused"):
         grpo_config(inputs, no_such_option=1)
-    with pytest.raises(CdscopeError, match="activation checkpointing"):
-        grpo_config(inputs, gradient_checkpointing=True)
+    for key, value in (("gradient_checkpointing", True), ("gradient_checkpointing_kwargs", {})):
+        with pytest.raises(CdscopeError, match="--activation-checkpointing"):
+            grpo_config(inputs, **{key: value})
+    if not torch.cuda.is_available():
+        with pytest.raises(CdscopeError, match="vLLM rollouts need CUDA GPUs") as caught:
+            grpo_config(inputs, use_vllm=True, vllm_mode="colocate")
+        assert "\n" not in str(caught.value)
+
+
+def test_activation_checkpointing_through_trl_takes_the_same_step(tmp_path: Path) -> None:
+    """--activation-checkpointing on the TRL route is transformers' non-reentrant
+    checkpointing (the Trainer trains in training mode); one CD-RFT step with it gives the
+    weights of the same step without it."""
+    files = {
+        "tasks": write_tasks_file(tmp_path / "tasks.jsonl"),
+        "pool": write_pool(tmp_path / "pool.jsonl", {"math": 4, "code": 4, "logic": 4}),
+    }
+    weights = []
+    for on in (False, True):
+        cfg = config(
+            files, tmp_path / f"run-{on}", steps=1, temperature=1.0, micro_batch_size=2,
+            estimator="folded", activation_checkpointing=on,
+        )  # fmt: skip
+        inputs = prepare(cfg, None, tiny_model("llama", "eager"), byte_tokenizer(), parity_reward)
+        args = grpo_config(inputs)
+        assert args.gradient_checkpointing is on
+        assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+        train_with_trl(inputs)
+        assert inputs.model.is_gradient_checkpointing is on
+        weights.append({k: v.clone() for k, v in inputs.model.state_dict().items()})
+    start = tiny_model("llama", "eager").state_dict()
+    update = max(float((weights[0][k] - start[k]).abs().max()) for k in start)
+    diff = max(float((weights[0][k] - weights[1][k]).abs().max()) for k in start)
+    assert update > 1e-4 and diff <= 1e-6 * update  # measured bit for bit (0.0)
 
 
 def test_resume_keeps_the_log_of_checkpointed_steps(tmp_path: Path) -> None:
@@ -208,3 +240,16 @@ def test_a_diverging_step_stops_the_trl_run_naming_its_last_checkpoint(
     with pytest.raises(CdscopeError, match=r"diverged at step 2: the gradient .*checkpoint-1\b"):
         train_with_trl(inputs)
     assert list(pd.read_parquet(Path(cfg.out_dir) / "log.parquet")["step"]) == [1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_vllm_rollouts_without_cuda_are_one_line_before_the_model_loads(tmp_path: Path) -> None:
+    from tests.helpers import invoke
+
+    result = invoke(
+        "train", "--backend", "trl", "--trl-arg", "use_vllm=true", "--trl-arg",
+        "vllm_mode=colocate", "--model", tmp_path / "no-model", "-o", tmp_path / "run",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "vLLM rollouts need CUDA GPUs" in result.output
+    assert len(result.output.strip().splitlines()) == 1

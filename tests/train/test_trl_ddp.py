@@ -57,24 +57,47 @@ def test_one_cdrft_step_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
     assert _max_diff(one, twice) > 100 * max(same, 1e-8)
 
 
-def test_fsdp_and_deepspeed_are_refused_with_one_line() -> None:
+def _trainer(engine: str, fsdp_version: int = 2, param_dtype=None):  # noqa: ANN001, ANN202
     from types import SimpleNamespace
 
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype) if param_dtype else None
+    plugin = SimpleNamespace(fsdp_version=fsdp_version, mixed_precision_policy=policy)
+    return SimpleNamespace(
+        is_fsdp_enabled=engine == "fsdp",
+        is_deepspeed_enabled=engine == "deepspeed",
+        accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)),
+    )
+
+
+def test_engines_the_callback_cannot_drive_are_refused_with_one_line() -> None:
     from cdscope.errors import CdscopeError
-    from cdscope.integrations.trl import refuse_sharded_engines
+    from cdscope.integrations.trl import check_engines
 
-    for engine in ("fsdp", "deepspeed"):
-        flags = {"is_fsdp_enabled": engine == "fsdp", "is_deepspeed_enabled": engine == "deepspeed"}
-        with pytest.raises(CdscopeError, match="launch with DDP") as caught:
-            refuse_sharded_engines(SimpleNamespace(**flags))
-        assert "\n" not in str(caught.value)
-    refuse_sharded_engines(SimpleNamespace(is_fsdp_enabled=False, is_deepspeed_enabled=False))
+    cases = [
+        (_trainer("deepspeed"), "DeepSpeed: its engine steps inside accelerate's backward"),
+        (_trainer("fsdp", fsdp_version=1), "FSDP1: its flat parameters"),
+        (_trainer("fsdp", param_dtype=torch.bfloat16), "mixed precision"),
+    ]
+    for trainer, message in cases:
+        with pytest.raises(CdscopeError, match=message) as caught:
+            check_engines(trainer)
+        assert "\n" not in str(caught.value) and "fsdp2.yaml" in str(caught.value)
+    check_engines(_trainer("ddp"))
+    check_engines(_trainer("fsdp"))  # FSDP2 in fp32: supported
+    check_engines(_trainer("fsdp", param_dtype=torch.float32))
 
 
-def test_shipped_accelerate_config_is_a_valid_ddp_config() -> None:
-    """The file is read by accelerate's own loader (a launch needs GPUs: not run here)."""
+def test_shipped_accelerate_configs_are_valid() -> None:
+    """The files are read by accelerate's own loader (a launch needs GPUs: not run here)."""
     from accelerate.commands.config.config_args import ClusterConfig
 
-    config = ClusterConfig.from_yaml_file(ROOT / "docs" / "accelerate" / "ddp.yaml")
-    assert str(config.distributed_type) in ("MULTI_GPU", "DistributedType.MULTI_GPU")
-    assert config.num_processes == 8 and not config.use_cpu
+    ddp = ClusterConfig.from_yaml_file(ROOT / "docs" / "accelerate" / "ddp.yaml")
+    assert str(ddp.distributed_type) in ("MULTI_GPU", "DistributedType.MULTI_GPU")
+    assert ddp.num_processes == 8 and not ddp.use_cpu
+    fsdp = ClusterConfig.from_yaml_file(ROOT / "docs" / "accelerate" / "fsdp2.yaml")
+    assert str(fsdp.distributed_type) in ("FSDP", "DistributedType.FSDP")
+    assert fsdp.fsdp_config["fsdp_version"] == 2 and str(fsdp.mixed_precision) == "no"
+    assert fsdp.fsdp_config["fsdp_activation_checkpointing"] is False
+    assert fsdp.num_processes == 8 and not fsdp.use_cpu

@@ -153,6 +153,22 @@ def _wire(
     return writes
 
 
+def overflow_check(model_type: str, layer: int, h: torch.Tensor, dtype: torch.dtype) -> None:
+    """Refuse hidden states whose square overflows the dtype norms compute in (float32 for
+    fp32/bf16/fp16 models: |h| > 1.8e19): RMSNorm / LayerNorm then divide by inf and every
+    write comes out 0, which would read as an unknown architecture. Real models keep
+    |h| below ~1e4; such magnitudes mean absurdly scaled weights."""
+    limit = torch.finfo(torch.promote_types(dtype, torch.float32)).max ** 0.5
+    peak = float(h.detach().abs().max()) if h.numel() else 0.0
+    if peak > limit:
+        raise CdscopeError(
+            f"{model_type}: layer {layer}: hidden states reach |h| = {peak:.1e}, whose square "
+            f"overflows {str(torch.promote_types(dtype, torch.float32)).removeprefix('torch.')} "
+            "in the norms: the weights are absurdly scaled (check the weights; a real model "
+            "stays far below 1e19), not an unsupported architecture"
+        )
+
+
 def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
     """Blocks and writes of ``model`` from one captured forward (not yet proven)."""
     config = getattr(model, "config", None)
@@ -195,6 +211,8 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
                 f"{str(dtype).removeprefix('torch.')} on {device} ({why}): the gates cannot be "
                 "proven"
             )
+        for h in (bt.h_in, bt.h_out):
+            overflow_check(model_type, layer, h, dtype)
         hint = override or hints.get(key)
         try:
             found = d.solve_block(

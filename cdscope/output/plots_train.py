@@ -1,0 +1,49 @@
+"""The figure of a training run's ``log.parquet`` (SPEC §5; ``cdscope report``).
+
+Four panels against the optimizer step: the mean verifier reward (and each family's,
+dashed); the GRPO loss; B_shared(C) on the fixed probe before the step and after it
+(after the projection, for cdrft), in percent, with the projection threshold tau; and
+the projection iterations taken.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from cdscope.output.plots import PALETTE, new_axes, styled
+
+
+@styled
+def train_figure(log: pd.DataFrame, regularizer: str = "cdrft", tau: float | None = None) -> Figure:
+    """The four panels of the module doc; ``tau`` in percent (cdrft runs)."""
+    fig, axes = new_axes(2, 2, (11, 6.4))
+    step = log["step"]
+    reward, loss, bshared, proj = axes.ravel()
+    reward.plot(step, log["reward"], marker="o", color=PALETTE[0], label="all")
+    families = [c for c in log.columns if c.startswith("reward_")]
+    for i, column in enumerate(families, start=1):
+        reward.plot(step, log[column], ls="--", marker=".", color=PALETTE[i % len(PALETTE)],
+                    label=column.removeprefix("reward_"))  # fmt: skip
+    reward.set(title="verifier reward (mean over completions)", ylabel="reward")
+    reward.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    loss.plot(step, log["loss"], marker="o", color=PALETTE[1])
+    loss.axhline(0, color="grey", lw=0.6)
+    loss.set(title="GRPO loss", ylabel="loss")
+    bshared.plot(step, 100 * log["b_shared_before"], marker="o", color=PALETTE[0],
+                 label="before the step")  # fmt: skip
+    bshared.plot(step, 100 * log["b_shared_after"], marker="s", color=PALETTE[2],
+                 label="after the step" + (" and projection" if regularizer == "cdrft" else ""))  # fmt: skip
+    if regularizer == "cdrft" and tau is not None:
+        bshared.axhline(tau, color="#a50021", ls=":", lw=1.2, label=f"tau = {tau:g}%")
+    bshared.set(title="B_shared(C) on the probe", ylabel="percent")
+    bshared.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    proj.bar(step, log["proj_iters"], color=PALETTE[3], alpha=0.7)
+    proj.set(title="projection iterations", ylabel="iterations")
+    proj.yaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes.ravel():
+        ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(f"training run ({regularizer}): {len(log)} step(s)")
+    return fig

@@ -1,0 +1,76 @@
+"""Tables of training and evaluation runs (the terminal's, and the report's through
+``html.rich_table``): pass@k per scope and k (SPEC §7), and one row per training step."""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich.table import Table
+
+from cdscope.messages import VerbatimTable
+
+
+def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
+    """One row per (scope, model): each domain's benchmarks, then the domain mean, then
+    overall (and the same for the hard subset); one column per k, in percent."""
+    models = models or list(dict.fromkeys(passk["model"]))
+    ks = sorted(passk["k"].unique())
+    table = VerbatimTable(title="pass@k (%, unbiased estimator)", title_justify="left")
+    table.add_column("scope", no_wrap=True)
+    if len(models) > 1:
+        table.add_column("model", no_wrap=True)
+    table.add_column("problems", justify="right")
+    for k in ks:
+        table.add_column(f"pass@{k}", justify="right")
+    wide = passk.pivot_table(
+        index=["subset", "level", "domain", "benchmark", "model"],
+        columns="k",
+        values="pass_at_k",
+        aggfunc="first",
+    )
+    problems = passk.groupby(["subset", "level", "domain", "benchmark", "model"])["problems"].max()
+    for subset in [s for s in ("all", "hard") if s in set(passk["subset"])]:
+        rows = passk[passk["subset"] == subset]
+        order = []
+        for domain in sorted(set(rows.loc[rows["level"] == "domain", "domain"])):
+            benches = sorted(
+                set(
+                    rows.loc[
+                        (rows["level"] == "benchmark") & (rows["domain"] == domain), "benchmark"
+                    ]
+                )
+            )
+            order += [("benchmark", domain, b) for b in benches] + [("domain", domain, "")]
+        order.append(("overall", "", ""))
+        prefix = "hard: " if subset == "hard" else ""
+        for level, domain, bench in order:
+            scope = bench if level == "benchmark" else (f"{domain} (mean)" if domain else "overall")
+            for model in models:
+                key = (subset, level, domain, bench, model)
+                if key not in wide.index:
+                    continue
+                cells = [f"{100 * wide.loc[key, k]:.1f}" for k in ks]
+                head = [prefix + scope] + ([model] if len(models) > 1 else [])
+                style = None if level == "benchmark" else "bold"
+                table.add_row(*head, str(int(problems[key])), *cells, style=style)
+    return table
+
+
+def train_table(log: pd.DataFrame, arm: str) -> Table:
+    """One row per step: rewards, loss, B_shared / R on the probe before -> after, timings."""
+    table = VerbatimTable(title=f"cdscope train ({arm})")
+    rewards = [c for c in log.columns if c.startswith("reward_")]
+    for name in ["step", "reward", *rewards, "loss", "B_shared %", "R %", "proj", "seconds"]:
+        table.add_column(name, justify="right")
+    for row in log.itertuples(index=False):
+        r = row._asdict()
+        table.add_row(
+            str(r["step"]),
+            f"{r['reward']:.3f}",
+            *[f"{r[c]:.3f}" for c in rewards],
+            f"{r['loss']:+.4f}",
+            f"{100 * r['b_shared_before']:.2f} -> {100 * r['b_shared_after']:.2f}",
+            f"{100 * r['r_before']:.2f} -> {100 * r['r_after']:.2f}",
+            str(r["proj_iters"]),
+            f"{r['step_s']:.1f}",
+        )
+    return table

@@ -1,0 +1,168 @@
+"""Exact numbers in answer text, and how they are written (SPEC §5 reward, §7 pass@k).
+
+``read_number`` reads one number into an exact ``fractions.Fraction`` and remembers its
+spelling, which the form rule of "simplify" tasks needs:
+
+* integers and decimals, with thousands separators (``1,234``, ``1{,}234``, ``1\\,234``),
+  a sign (also ``−``), currency signs, an ``x = `` prefix and trailing units or words
+  (``12 apples``, ``5 \\text{cm}``, ``%``);
+* fractions in every spelling: ``a/b``, ``(a)/(b)``, ``\\frac{a}{b}``, ``\\dfrac``,
+  ``\\tfrac``, ``\\frac12``, ``a \\over b``, ``-\\frac{a}{b}``, ``a/b exactly``;
+* scientific notation: ``1.5e3``, ``1.5 \\times 10^{3}``, ``1.5 \\cdot 10^3``, ``1.5×10³``
+  written with ``^``, ``1.5*10**3``.
+
+Text holding a second number (``12 or 13``, ``3 1/2``, ``7 - 4 + 2``) is not *a* number.
+No floats: ``0.1000000001`` is not ``0.1``. Every read is bounded: a digit run longer than
+``MAX_DIGITS`` or an exponent beyond ``MAX_EXPONENT`` is not a number (a 5,000-digit
+answer is a wrong answer, never an exception), and the work is linear in the text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from math import gcd
+
+from cdscope.tasks.answers import clean_answer
+
+MAX_DIGITS = 1000  # a longer digit run is not a number
+MAX_EXPONENT = 1000  # |e| in 10^e
+MAX_TEXT = 20_000  # characters of answer text read at all
+
+_NUM = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+_SCIENTIFIC = re.compile(
+    rf"(?P<sign>[-+]?)\s*(?P<m>{_NUM})(?:[eE](?P<e1>[-+]?\d{{1,6}})|\s*(?:\\times|\\cdot|×|·|\*)"
+    r"\s*10\s*(?:\^|\*\*)\s*\{?\s*(?P<e2>[-+]?\d{1,6})\s*\}?)"
+)
+_FRACTION = re.compile(
+    rf"(?P<sign>[-+]?)\s*\(?\s*(?P<ns>[-+]?)\s*(?P<n>{_NUM})\s*\)?\s*/\s*\(?\s*(?P<ds>[-+]?)"
+    rf"\s*(?P<d>{_NUM})\s*\)?"
+)
+_PLAIN = re.compile(rf"(?P<sign>[-+]?)\s*(?P<n>{_NUM})")
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*(?:\{([^{}]*)\}|(\d))\s*(?:\{([^{}]*)\}|(\d))")
+_OVER = re.compile(r"^\{?\s*([^{}]*?)\s*\\over\s*([^{}]*?)\s*\}?$")
+_TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox|textit|mathit|operatorname)\s*\{([^{}]*)\}")
+_LEADING_NAME = re.compile(r"^[A-Za-z]\w{0,20}\s*=\s*")
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
+_SPACES = ("\\,", "\\!", "\\;", "\\:", "\\ ", "~", "\\left", "\\right")
+_DIGIT_RUN = re.compile(r"\d+")
+_SIMPLIFY = re.compile(
+    r"simplif|lowest terms|simplest form|reduced form|reduce the fraction|irreducible",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Number:
+    """An exact value and its spelling: ``kind`` is integer | decimal | fraction |
+    scientific; ``parts`` the written numerator and denominator of a fraction when both
+    are integers (None otherwise)."""
+
+    value: Fraction
+    kind: str
+    parts: tuple[int, int] | None = None
+
+    @property
+    def in_lowest_terms(self) -> bool:
+        """A fraction written with integer parts sharing no factor (``1/1`` included)."""
+        if self.kind != "fraction" or self.parts is None:
+            return False
+        num, den = self.parts
+        return den != 0 and gcd(num, den) == 1
+
+
+def normalise_number_text(text: str) -> str:
+    """The answer text with LaTeX fractions as ``(a)/(b)``, wrappers and spacing removed."""
+    s = clean_answer(text)
+    s = _TEXT.sub(r" \1", s).translate(_SUPERSCRIPTS)
+    s = s.replace("{,}", ",").replace("\u2212", "-").replace("\u2013", "-")
+    for space in _SPACES:
+        s = s.replace(space, "" if space in ("\\,", "\\!", "\\left", "\\right") else " ")
+    s = s.replace("\\$", "").replace("$", "").replace("\\%", "%").replace("\\cdotp", ".")
+    s = _LATEX_FRAC.sub(lambda m: f"({m.group(1) or m.group(2)})/({m.group(3) or m.group(4)})", s)
+    over = _OVER.match(s.strip())
+    if over is not None:
+        s = f"({over.group(1)})/({over.group(2)})"
+    s = re.sub(r"[€£¥₹]", "", s).strip()
+    return _LEADING_NAME.sub("", s)
+
+
+def has_long_digit_run(text: str) -> bool:
+    """Whether ``text`` holds a run of more than ``MAX_DIGITS`` digits (one linear scan)."""
+    return any(m.end() - m.start() > MAX_DIGITS for m in _DIGIT_RUN.finditer(text))
+
+
+def _decimal(text: str) -> Fraction:
+    return Fraction(text.replace(",", ""))
+
+
+def _integer_parts(num: str, den: str) -> tuple[int, int] | None:
+    if "." in num or "." in den:
+        return None
+    return int(num.replace(",", "")), int(den.replace(",", ""))
+
+
+def read_number(text: str) -> Number | None:
+    """The exact number ``text`` states, with its spelling; None when it is not exactly
+    one number (module docstring)."""
+    if len(text) > MAX_TEXT or has_long_digit_run(text):
+        return None
+    s = normalise_number_text(text)
+    number, end = _match(s)
+    rest = s[end:]
+    if number is None or re.search(r"\d", rest) or rest.lstrip().startswith(("!", "^")):
+        return None  # a second number ("12 or 13", "3 1/2", "7 - 4 + 2"), "5!", "x^"
+    return number
+
+
+def _match(s: str) -> tuple[Number | None, int]:
+    match = _SCIENTIFIC.match(s)
+    if match is not None:
+        exponent = int(match.group("e1") or match.group("e2"))
+        if abs(exponent) > MAX_EXPONENT:
+            return None, 0
+        value = _decimal(match.group("m")) * Fraction(10) ** exponent
+        return Number(-value if match.group("sign") == "-" else value, "scientific"), match.end()
+    match = _FRACTION.match(s)
+    if match is not None:
+        num, den = _decimal(match.group("n")), _decimal(match.group("d"))
+        if den == 0:
+            return None, 0
+        negative = [match.group(g) == "-" for g in ("sign", "ns", "ds")].count(True) % 2 == 1
+        value = num / den
+        parts = _integer_parts(match.group("n"), match.group("d"))
+        return Number(-value if negative else value, "fraction", parts), match.end()
+    match = _PLAIN.match(s)
+    if match is not None:
+        text = match.group("n")
+        value = _decimal(text)
+        kind = "decimal" if "." in text else "integer"
+        return Number(-value if match.group("sign") == "-" else value, kind), match.end()
+    return None, 0
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact value of ``read_number`` (None when ``text`` is not exactly one number)."""
+    number = read_number(text)
+    return None if number is None else number.value
+
+
+def asks_to_simplify(prompt: str) -> bool:
+    """Whether a task's prompt asks for a reduced fraction ("simplify", "lowest terms")."""
+    return _SIMPLIFY.search(prompt) is not None
+
+
+def form_problem(reference: Number, candidate: Number, prompt: str) -> str | None:
+    """Why ``candidate`` (equal in value to ``reference``) breaks the task's form rule:
+    where the reference is a fraction in lowest terms, a candidate written as a fraction,
+    in any spelling, must be in lowest terms too; where the prompt also asks to simplify,
+    it must be written as such a fraction (or an integer when the value is one). None
+    when the form is fine."""
+    if not reference.in_lowest_terms:
+        return None
+    if candidate.kind == "fraction" and not candidate.in_lowest_terms:
+        return "not in lowest terms"
+    if asks_to_simplify(prompt) and candidate.kind not in ("fraction", "integer"):
+        return "not a fraction in lowest terms"
+    return None

@@ -1,0 +1,155 @@
+"""Symbolic equivalence of math answers through math-verify, bounded by a deadline.
+
+Answers that are not plain numbers -- roots, pi, sets, intervals, tuples, expressions --
+are compared by math-verify (Hugging Face's checker, used by TRL and open-r1 for GRPO
+rewards), which parses LaTeX into sympy. sympy can take unbounded time and memory
+(``2^{2^{40}}``), and math-verify's timeouts are ``signal.alarm``, which only works on
+the main thread -- the trainer verifies from threads. So math-verify runs in worker
+processes (``symbolic_child.py``): each comparison is one JSON line there and back under
+the verdict's deadline; a worker that misses it is killed (the verdict is a timeout,
+i.e. wrong) and a fresh one starts next time. Workers are started on demand, reused
+(at most ``MAX_IDLE`` kept), capped at ``MEMORY_MB`` of address space, and end when
+this process exits (their stdin closes). Starting one (importing sympy, about 1 s) has
+its own bound, ``START_TIMEOUT``, and does not count against a verdict's deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from cdscope.errors import CdscopeError
+
+MAX_IDLE = 4
+MEMORY_MB = 2048
+START_TIMEOUT = 60.0
+MAX_REPLY = 1 << 16
+_SOURCE = Path(__file__).with_name("symbolic_child.py")
+
+
+class _Missed(Exception):
+    """The worker did not answer in time."""
+
+
+class _Ended(Exception):
+    """The worker ended (or wrote nonsense) before answering."""
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", "-c", _SOURCE.read_text("utf-8"), str(MEMORY_MB)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.buffer = b""
+        self.owner = os.getpid()  # a forked copy of this process must not use or kill it
+        try:
+            ready = self._line(time.monotonic() + START_TIMEOUT)
+        except (_Missed, _Ended):
+            self.kill()
+            raise CdscopeError(
+                "math-verify could not start for symbolic answer comparison; install it "
+                "with `pip install math-verify` (a dependency of cdscope)"
+            ) from None
+        if ready != {"ready": True}:
+            self.kill()
+            raise CdscopeError("math-verify's worker started with an unexpected reply")
+
+    def _line(self, deadline: float) -> object:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if left <= 0 or not poller.poll(max(1, int(left * 1000))):
+                raise _Missed
+            chunk = os.read(fd, MAX_REPLY)
+            if not chunk or len(self.buffer) > MAX_REPLY:
+                raise _Ended
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise _Ended from None
+
+    def ask(self, request: dict, deadline: float) -> object:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
+            self.proc.stdin.flush()
+        except OSError:
+            raise _Ended from None
+        return self._line(deadline)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, 9)
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        self.proc.wait()
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()  # type: ignore[union-attr]
+
+
+_lock = threading.Lock()
+_idle: list[_Worker] = []
+
+
+def _take() -> _Worker:
+    with _lock:
+        while _idle:
+            worker = _idle.pop()
+            if worker.owner == os.getpid():
+                return worker
+    return _Worker()
+
+
+def _give_back(worker: _Worker) -> None:
+    with _lock:
+        if len(_idle) < MAX_IDLE:
+            _idle.append(worker)
+            return
+    worker.kill()
+
+
+@atexit.register
+def close_workers() -> None:
+    """End every idle worker (busy ones end when their comparison returns or times out)."""
+    with _lock:
+        workers, _idle[:] = list(_idle), []
+    for worker in workers:
+        if worker.owner == os.getpid():
+            worker.kill()
+
+
+def symbolic_equal(gold: str, pred: str, *, timeout: float) -> tuple[bool | None, str]:
+    """``(equal, message)`` by math-verify within ``timeout`` seconds: ``equal`` is None
+    when one side does not parse; a timeout or a failed worker is ``(False, why)``."""
+    worker = _take()
+    try:
+        reply = worker.ask({"gold": gold, "pred": pred}, time.monotonic() + timeout)
+    except _Missed:
+        worker.kill()
+        return False, f"timeout after {timeout:.1f}s (symbolic comparison)"
+    except _Ended:
+        worker.kill()
+        return False, "the symbolic comparison failed (its worker ended)"
+    _give_back(worker)
+    if type(reply) is dict and type(reply.get("equal")) in (bool, type(None)) and len(reply) == 1:
+        equal = reply["equal"]
+        return equal, "ok" if equal else "not equivalent"
+    error = reply.get("error") if type(reply) is dict else None
+    return False, f"the symbolic comparison failed ({str(error)[:40]})"

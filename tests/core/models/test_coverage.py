@@ -1,10 +1,11 @@
 """Coverage of transformers' causal-LM types (issues 12, 24): docs/architectures.md is the
 rendered output of ``cdscope.core.models.coverage``; these tests fail when it is stale.
 
-The rows hold no number rounding could move (no error buckets; proofs with margins), so
-they are the same on any CPU: a varied subset is re-measured on every run, the whole page
-with ``CDSCOPE_FULL_COVERAGE=1`` (~20 min; also ``python -m cdscope.core.models.coverage_page
---check docs/architectures.md``)."""
+The rows hold no number rounding could move (no error buckets; proofs with margins), no
+temporary path and no timing, so they are the same on any CPU: a varied subset is
+re-measured on every run, the whole page with ``CDSCOPE_FULL_COVERAGE=1`` (4 min on one
+idle thread here, kept out of ``make test`` for its cost; also ``python -m
+cdscope.core.models.coverage_page --check docs/architectures.md``)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ SUBSET = [
     "bert",
     "bart",
     "aria_text",  # MoE routing switches near g = 1 at the larger finite-difference steps
+    "emu3",  # refused at load: its reason once named the random temporary directory
+    "openai-gpt",  # refused: two closest fits nearly tie, once named in the row
 ]
 
 
@@ -86,7 +89,7 @@ def test_doc_counts_meet_the_goal_and_match_the_table() -> None:
 
 
 @pytest.mark.skipif(
-    not os.environ.get("CDSCOPE_FULL_COVERAGE"), reason="~20 min: set CDSCOPE_FULL_COVERAGE=1"
+    not os.environ.get("CDSCOPE_FULL_COVERAGE"), reason="4 min: set CDSCOPE_FULL_COVERAGE=1"
 )
 def test_doc_is_the_rendered_full_run() -> None:
     torch.set_num_threads(1)

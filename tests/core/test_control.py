@@ -157,21 +157,21 @@ def test_a_half_precision_head_runs_in_float32(monkeypatch) -> None:
     """Mixed precision (docs/precision.md): a bf16 model's output head runs in float32 at
     the scored positions, in vocabulary chunks that change nothing; ``wide=False`` is the
     model's own bf16 head."""
-    from cdscope.core import likelihood
+    from cdscope.core.models import head
 
     model = tiny_model("llama", "sdpa", dtype=torch.bfloat16)
     hidden = torch.randn(5, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     weight = model.get_output_embeddings().weight.detach()
     slow = torch.stack([weight.float() @ h.float() for h in hidden])  # one row at a time
-    wide = likelihood.output_logits(model, hidden)
+    wide = head.output_logits(model, hidden)
     assert wide.dtype == torch.float32
     # float32 sums in another order: floor 9.5e-8 of the largest logit at 1 and 2
     # threads (both comparisons); 100x margin. bf16 logits would be off by ~4e-3.
     scale = float(slow.abs().max())
     torch.testing.assert_close(wide, slow, rtol=0, atol=1e-5 * scale)
-    monkeypatch.setattr(likelihood, "HEAD_CHUNK", 7)  # 300 rows in 43 chunks
-    chunked = likelihood.output_logits(model, hidden)
+    monkeypatch.setattr(head, "HEAD_CHUNK", 7)  # 300 rows in 43 chunks
+    chunked = head.output_logits(model, hidden)
     torch.testing.assert_close(chunked, wide, rtol=0, atol=1e-5 * scale)
-    narrow = likelihood.output_logits(model, hidden, wide=False)
+    narrow = head.output_logits(model, hidden, wide=False)
     assert narrow.dtype == torch.bfloat16
     assert not torch.equal(narrow.float(), wide)  # bf16 rounding of the logits

@@ -340,6 +340,8 @@ def check_type(model_type: str) -> Row:
         notes.append("post-sublayer norms")
     if any(w.scale != 1.0 for w in arch.writes):
         notes.append("residual multiplier")
+    if not arch.proof.own_head:
+        notes.append("logits through the model's forward")
     notes += [f"{dtype}: {failed[dtype]}" for dtype in DTYPES if dtype in failed]
     eap = eap_support(model, arch)
     return Row(model_type, "supported", roles, arch.K, eap, "; ".join(notes), dtypes, fd_err)

@@ -14,6 +14,10 @@ the hooks ``cdscope.core.gates.GatedModel`` installs at sublayer granularity):
 3. **zero gates**: with every g = 0 the last block's output equals the first block's
    input bit for bit — nothing else writes to the stream between or inside blocks.
 
+Then ``own_head`` (``cdscope.core.models.head``) records whether cdscope's output head on
+the backbone's hidden states gives the model's own logits; where it does not (Cohere's
+``logit_scale``, ...), the likelihood runs the model's own forward.
+
 A failure raises ``CdscopeError`` naming the layer, the check and the size of the error.
 Non-finite ungated logits (finite hidden states, NaN/inf head) are refused before check 1,
 which would otherwise report NaN != NaN as a gate hook that is not an identity.
@@ -29,6 +33,7 @@ from torch import nn
 
 from cdscope.core.gate_sites import GateState, WriteSite, gate_dtype
 from cdscope.core.models import discovery as d
+from cdscope.core.models.head import own_head
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
 from cdscope.hooks import HookSet, first_tensor
@@ -47,6 +52,7 @@ class ProofResult:
     write_sum_tolerance: float
     zero_gates_error: float  # max |h_out(last) - h_in(first)| with g = 0
     seconds: float  # discovery + proof
+    own_head: bool = True  # backbone + cdscope's head = the model's logits (head.own_head)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -142,6 +148,7 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
             f"block's output differs from the first block's input (max |diff| {zero_err:.1e} "
             f"in {dtype_name}): something else writes to the residual stream"
         )
+    own = own_head(model, arch.blocks_path, ids, reference)
     return ProofResult(
         tokens=int(ids.shape[1]),
         dtype=dtype_name,
@@ -150,4 +157,5 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
         write_sum_tolerance=tol,
         zero_gates_error=zero_err,
         seconds=time.perf_counter() - start,
+        own_head=own,
     )

@@ -28,8 +28,10 @@ def failure_lines(failures: Mapping[int, object]) -> tuple[list[str], int]:
     with ``exitcode``, ``pid``, ``signal_name()``) and the exit code of the launch.
 
     Rank 0 prints cdscope's one line itself whenever it exits with a code, and that line
-    covers the other ranks' (a failure is shared by every rank before they exit); a rank
-    killed by a signal, and any rank when rank 0 had no say, gets a line here."""
+    covers the other ranks' (a failure is shared by every rank before they exit), also a
+    rank the launcher stopped (SIGTERM) after rank 0 exited, on its way out with the same
+    failure (a race: seen under load); a rank killed by another signal, or by SIGTERM when
+    rank 0 had no say, and any rank when rank 0 had no say, gets a line here."""
     lines = []
     lead = failures.get(0)
     lead_spoke = lead is not None and getattr(lead, "exitcode", -1) > 0
@@ -38,6 +40,8 @@ def failure_lines(failures: Mapping[int, object]) -> tuple[list[str], int]:
         code, pid = getattr(failure, "exitcode", -1), getattr(failure, "pid", "?")
         if code < 0:
             name = failure.signal_name() if hasattr(failure, "signal_name") else f"signal {-code}"
+            if lead_spoke and name == "SIGTERM":
+                continue
             how = "stopped by the launcher (SIGTERM)" if name == "SIGTERM" else f"killed by {name}"
             lines.append(
                 f"rank {rank} (pid {pid}) was {how}; finished work is kept: rerun with --resume"

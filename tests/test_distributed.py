@@ -275,6 +275,9 @@ def test_failure_lines_name_every_rank_that_could_not_speak() -> None:
 
     # rank 0 spoke (exit 2): its line covers rank 1's shared failure
     assert failure_lines({0: Failure(2, 10), 1: Failure(2, 11)}) == ([], 2)
+    # ... also when the launcher stopped rank 1 on its way out after rank 0 exited (the
+    # race that left a second line under load)
+    assert failure_lines({0: Failure(2, 10), 1: Failure(-15, 11)}) == ([], 2)
     # rank 1 killed, rank 0 stopped by torchrun: one line each, torchrun's exit code 1
     lines, code = failure_lines({0: Failure(-15, 10), 1: Failure(-9, 11)})
     assert code == 1 and len(lines) == 2

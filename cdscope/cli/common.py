@@ -222,7 +222,9 @@ DeviceOpt = Annotated[
 DtypeOpt = Annotated[
     str,
     typer.Option(
-        "--dtype", help="auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float64."
+        "--dtype",
+        help="auto (fp32 on CPU, bf16 on CUDA 8.0+; docs/precision.md) | float32 | bfloat16 "
+        "| float16 | float64.",
     ),
 ]
 DeviceMapOpt = Annotated[

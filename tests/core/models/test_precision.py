@@ -186,6 +186,35 @@ def test_a_kernel_without_the_dtype_stops_at_the_first_forward(tmp_path) -> None
     assert architecture_of(load_model(str(directory), device="cpu", dtype="float32").model).K == 4
 
 
+def test_the_cli_refuses_a_dtype_the_model_or_device_cannot_run(tmp_path, moe_pool) -> None:
+    """Bad input through ``cdscope probe``: one line naming the dtype and device and what
+    to use instead, exit 2, no traceback, no output file. bf16 experts of width 20 that
+    torch's CPU grouped matmul cannot run; float64 on MPS (asked on a machine without it:
+    the device is refused first, as it is on any machine without MPS)."""
+    from tests.helpers import invoke
+
+    torch.manual_seed(0)
+    config = coverage.tiny_config("mixtral")
+    config.intermediate_size = 20
+    from transformers import AutoModelForCausalLM
+
+    directory = coverage.save_checkpoint(AutoModelForCausalLM.from_config(config), tmp_path / "o")
+    out = tmp_path / "p.parquet"
+    for dtype, device, expected in (
+        ("bfloat16", "cpu", "forward fails in bfloat16 on cpu: RuntimeError"),
+        ("float64", "mps", "--device mps: "),
+    ):
+        result = invoke(
+            "probe", "--model", directory, "--probe", moe_pool, "--n", 1, "--out", out,
+            "--dtype", dtype, "--device", device,
+        )  # fmt: skip
+        assert result.exit_code == 2, result.output
+        lines = [ln for ln in result.output.splitlines() if ln.strip() and "Loading" not in ln]
+        assert len(lines) == 1 and expected in lines[0]  # (transformers' progress bar aside)
+        assert "Traceback" not in result.output and not out.exists()
+        assert "use --" in result.output or "try --dtype float32" in result.output
+
+
 def test_float64_throughout_removes_the_float32_floor() -> None:
     """A float64 Llama still runs its RMSNorm and rotary tables in float32: finite
     differences at h = 1e-4 then carry ~1e-3 of rounding noise; float64 throughout they

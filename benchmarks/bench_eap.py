@@ -76,8 +76,8 @@ def main() -> None:
     from cdscope.core.batch import encode_probe
     from cdscope.core.control import frozen_parameters
     from cdscope.core.eap import edge_scores
-    from cdscope.core.likelihood import output_logits
     from cdscope.core.models import load_model
+    from cdscope.core.models.head import output_logits
     from cdscope.core.probes import draw_probe, load_pool
 
     torch.manual_seed(0)

@@ -36,8 +36,8 @@ def main() -> None:
     from cdscope.core.eap_graph import edge_count
     from cdscope.core.edge_control import control_edges
     from cdscope.core.gates import GatedModel
-    from cdscope.core.likelihood import output_logits
     from cdscope.core.models import load_model
+    from cdscope.core.models.head import output_logits
     from cdscope.core.probes import draw_probe, load_pool
 
     torch.manual_seed(0)

@@ -99,7 +99,12 @@ def load_model(
 def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> LoadedModel:
     """Wrap a transformers model + tokenizer loaded by the caller, after checking both."""
     from cdscope.core.models.adapters import adapter_for
-    from cdscope.core.models.loading import LoadedModel, resolve_device, resolve_dtype
+    from cdscope.core.models.loading import (
+        LoadedModel,
+        fit_experts,
+        resolve_device,
+        resolve_dtype,
+    )
 
     if tokenizer is None:
         raise CdscopeError(
@@ -109,7 +114,6 @@ def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> Loaded
         raise CdscopeError(
             f"tokenizer must be a transformers tokenizer, not {type(tokenizer).__name__}"
         )
-    adapter_for(model)  # an unsupported architecture is refused with the supported list
     embedding = model.get_input_embeddings()
     rows = getattr(embedding, "num_embeddings", None)
     if rows is not None and len(tokenizer) > rows:
@@ -124,6 +128,8 @@ def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> Loaded
         model.to(resolve_dtype(dtype, parameter.device))
     model.eval()
     parameter = next(model.parameters())
+    fit_experts(model, parameter.dtype, parameter.device)  # float64 experts run eager
+    adapter_for(model)  # proven in the dtype it will run in; unsupported ones refused
     config = model.config
     source = getattr(config, "_name_or_path", "") or "in-memory"
     return LoadedModel(

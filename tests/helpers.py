@@ -19,7 +19,6 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
-    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -28,6 +27,7 @@ from transformers import (
 from typer.testing import CliRunner
 
 from cdscope.cli import app
+from cdscope.core.models.coverage import byte_tokenizer  # noqa: F401 - the one definition
 from cdscope.settings.training import TrainConfig
 
 VOCAB = 300  # 256 byte tokens + specials, see byte_tokenizer()
@@ -114,19 +114,6 @@ def tiny_model(arch: str, attn: str = "eager", dtype: torch.dtype = torch.float3
             if p.dim() == 2:
                 p.mul_(3.0)
     return model
-
-
-def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """A real fast tokenizer, one token per character (code points < 256), for tiny models."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {chr(c): c for c in range(256)} | {"<s>": 256, "</s>": 257, "<pad>": 258}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
 
 
 def write_pool(

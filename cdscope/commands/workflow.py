@@ -23,6 +23,7 @@ from cdscope.core.edge_control import EDGE_COLUMNS, EdgeGateSet, control_edges
 from cdscope.core.gate_sites import GateSet
 from cdscope.core.gates import GatedModel
 from cdscope.core.models import LoadedModel
+from cdscope.core.models.loading import experts_in_use
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
@@ -147,8 +148,8 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
 def model_record(loaded: LoadedModel, gate_set: GateSet | None = None) -> dict:
     """The one description of a model in every command's run metadata (``models`` /
     ``model``): name as given, resolved source, content revision (what ``--resume``
-    compares, ``cdscope.output.resume.model_identity``), architecture type, dtype, device and
-    attention implementation; with the gate set it was measured at, also the layer count,
+    compares, ``cdscope.output.resume.model_identity``), architecture type, dtype, device,
+    attention kernel and MoE experts kernel actually in use (None without experts); with the gate set it was measured at, also the layer count,
     K and the gate granularity."""
     config = getattr(loaded.model, "config", None)
     gates = {}
@@ -167,6 +168,7 @@ def model_record(loaded: LoadedModel, gate_set: GateSet | None = None) -> dict:
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": str(loaded.device),
         "attn": getattr(config, "_attn_implementation", None),
+        "experts": experts_in_use(loaded.model),
     }
 
 

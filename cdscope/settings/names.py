@@ -53,12 +53,12 @@ TEMPLATE_HELP = f"Prompt template: {' | '.join(TEMPLATES)}."
 #: (``core.models.loading.resolve_dtype``; log-softmax always runs in fp32); training loads
 #: ``TRAIN_AUTO_DTYPE`` on every device, because bf16 loses AdamW's small updates and the
 #: regulariser's gate steps (docs/train.md).
-MEASURE_AUTO_DTYPE_HELP = "auto (fp32 on CPU, bf16 on CUDA)"
+MEASURE_AUTO_DTYPE_HELP = "auto (fp32 on CPU, bf16 on CUDA 8.0+; docs/precision.md)"
 TRAIN_AUTO_DTYPE = "float32"
 TRAIN_AUTO_DTYPE_HELP = (
     "auto (float32 on every device: bf16 loses AdamW updates and the regulariser's gate steps)"
 )
-DTYPE_CHOICES_HELP = "float32 | bfloat16 | float64"
+DTYPE_CHOICES_HELP = "float32 | bfloat16 | float16 | float64"
 SEEDS_HELP = "Number of probe seeds S (seeds 0..S-1)."
 BATCH_HELP = "Rows per forward (memory bound); default: 1 on CPU (no padding), the whole probe on GPU."
 

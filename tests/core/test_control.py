@@ -10,6 +10,7 @@ from cdscope.core.batch import encode_probe
 from cdscope.core.control import EPS0, ControlResult, control_autograd, control_finite_difference
 from cdscope.core.gates import GatedModel
 from cdscope.core.likelihood import row_target_logprobs
+from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.probes import draw_probe, load_pool
 from tests.helpers import tiny_model, write_pool
 
@@ -26,18 +27,21 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "gemma2"])
 def test_autograd_matches_finite_differences(arch: str, probe_batch) -> None:
+    """Float64 throughout (transformers' Llama and Gemma-2 norms would round to float32:
+    the old second-order check at h = 1e-2 sat at 1.2e-4 under a 1e-3 bound), fourth-order
+    differences at h = 1e-3: floor 2.0e-11 over the four at 1 and 2 threads; 500x margin."""
     model = tiny_model(arch, "sdpa", dtype=torch.float64)
-    with GatedModel(model) as gm:
+    with float64_throughout(), GatedModel(model) as gm:
         fast = control_autograd(gm, probe_batch)
-        slow = control_finite_difference(gm, probe_batch, batch_size=16)
+        slow = control_finite_difference(gm, probe_batch, step=1e-3, batch_size=16, order=4)
     np.testing.assert_allclose(fast.ell, slow.ell, rtol=1e-12)
-    assert _rel(fast.C, slow.C) < 1e-3
-    assert _rel(fast.dl_dg, slow.dl_dg) < 1e-3
+    assert _rel(fast.C, slow.C) < 1e-8
+    assert _rel(fast.dl_dg, slow.dl_dg) < 1e-8
     np.testing.assert_allclose(fast.F, slow.F, rtol=1e-12)
     assert np.abs(fast.C).max() > 1e-4  # the check is not vacuous
     # per-sample quantities (the noise-corrected Gram's input) agree too, and average
     # back to the family values: dl_m/dg = mean_i dlog pi_i/dg, l_m = mean_i log pi_i
-    assert _rel(fast.row_dlogp, slow.row_dlogp) < 1e-3
+    assert _rel(fast.row_dlogp, slow.row_dlogp) < 1e-8
     np.testing.assert_allclose(fast.row_logp, slow.row_logp, rtol=1e-12)
     for m in range(len(fast.families)):
         rows = fast.row_family == m
@@ -52,6 +56,7 @@ def test_micro_batching_does_not_change_results(probe_batch) -> None:
         whole = control_autograd(gm, probe_batch)
         for size in (1, 2, 4):
             part = control_autograd(gm, probe_batch, batch_size=size)
+            # float64 sums of other chunk shapes: floor 2.8e-15 relative; 10^5x margin
             np.testing.assert_allclose(part.dl_dg, whole.dl_dg, rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(part.F, whole.F, rtol=1e-9)
             np.testing.assert_allclose(part.ell, whole.ell, rtol=1e-12)
@@ -145,4 +150,28 @@ def test_fourth_order_stencil_is_more_accurate_at_a_large_step(probe_batch) -> N
         exact = control_autograd(gm, probe_batch)
         second = control_finite_difference(gm, probe_batch, step=0.1, batch_size=32)
         fourth = control_finite_difference(gm, probe_batch, step=0.1, batch_size=32, order=4)
-    assert _rel(fourth.C, exact.C) < _rel(second.C, exact.C) / 5
+    assert _rel(fourth.C, exact.C) < _rel(second.C, exact.C) / 5  # measured ratio 49
+
+
+def test_a_half_precision_head_runs_in_float32(monkeypatch) -> None:
+    """Mixed precision (docs/precision.md): a bf16 model's output head runs in float32 at
+    the scored positions, in vocabulary chunks that change nothing; ``wide=False`` is the
+    model's own bf16 head."""
+    from cdscope.core.models import head
+
+    model = tiny_model("llama", "sdpa", dtype=torch.bfloat16)
+    hidden = torch.randn(5, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    weight = model.get_output_embeddings().weight.detach()
+    slow = torch.stack([weight.float() @ h.float() for h in hidden])  # one row at a time
+    wide = head.output_logits(model, hidden)
+    assert wide.dtype == torch.float32
+    # float32 sums in another order: floor 9.5e-8 of the largest logit at 1 and 2
+    # threads (both comparisons); 100x margin. bf16 logits would be off by ~4e-3.
+    scale = float(slow.abs().max())
+    torch.testing.assert_close(wide, slow, rtol=0, atol=1e-5 * scale)
+    monkeypatch.setattr(head, "HEAD_CHUNK", 7)  # 300 rows in 43 chunks
+    chunked = head.output_logits(model, hidden)
+    torch.testing.assert_close(chunked, wide, rtol=0, atol=1e-5 * scale)
+    narrow = head.output_logits(model, hidden, wide=False)
+    assert narrow.dtype == torch.bfloat16
+    assert not torch.equal(narrow.float(), wide)  # bf16 rounding of the logits

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from cdscope.core.models import discovery as d
+from cdscope.core.models import widened
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
 
@@ -180,11 +181,16 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
     device = execution_device(model)  # offloaded parameters sit on 'meta'
     dtype = next(model.parameters()).dtype
     ids = d.probe_ids(model, device)
-    trace = d.trace_forward(model, blocks, ids)
+    if dtype in widened.WIDENED:  # half precision: search float32 copies of each block
+        trace, searched = widened.trace_widened(model, blocks, ids)
+    else:
+        trace = d.trace_forward(model, blocks, ids)
+        searched = trace.blocks
+    search_dtype = widened.search_dtype(dtype)
     override = OVERRIDES.get(model_type)
     writes: list[Write] = []
     hints: dict[str, tuple[str, ...]] = {}
-    for layer, (block, bt) in enumerate(zip(blocks, trace.blocks, strict=True)):
+    for layer, (block, bt) in enumerate(zip(blocks, searched, strict=True)):
         prefix = f"{blocks_path}.{layer}."
         key = (
             type(block).__name__
@@ -193,16 +199,25 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
                 n[len(prefix) :] for n, r in bt.records.items() if r.depth == 1 and r.calls == 1
             )
         )
-        if not (torch.isfinite(bt.h_in).all() and torch.isfinite(bt.h_out).all()):
+        own = trace.blocks[layer]
+        if not all(torch.isfinite(t).all() for t in (own.h_in, own.h_out, bt.h_in, bt.h_out)):
+            why = (
+                "values beyond float16's range (65504)? use --dtype bfloat16 or float32"
+                if dtype == torch.float16
+                else "NaN/inf weights?"
+            )
             raise CdscopeError(
-                f"{model_type}: layer {layer}: non-finite hidden states in the probe forward "
-                "(NaN/inf weights?): the gates cannot be proven"
+                f"{model_type}: layer {layer}: non-finite hidden states in the probe forward in "
+                f"{str(dtype).removeprefix('torch.')} on {device} ({why}): the gates cannot be "
+                "proven"
             )
         for h in (bt.h_in, bt.h_out):
             overflow_check(model_type, layer, h, dtype)
         hint = override or hints.get(key)
         try:
-            found = d.solve_block(bt, dtype, tuple(prefix + h for h in hint) if hint else None)
+            found = d.solve_block(
+                bt, search_dtype, tuple(prefix + h for h in hint) if hint else None
+            )
         except CdscopeError as exc:
             raise CdscopeError(f"{model_type}: layer {layer}: {exc}") from None
         hints[key] = tuple(n[len(prefix) :] for n in found.names)

@@ -91,14 +91,82 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` = fp32 on CPU and MPS, bf16 on CUDA (log-softmax always runs in fp32)."""
+    """``auto`` = fp32 on CPU and MPS, bf16 on CUDA where the GPU computes in bf16 (compute
+    capability 8.0+), else fp32 (docs/precision.md: the measured error of each choice).
+
+    A dtype the device cannot run is refused with one line naming both and the way out."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(
+            including_emulation=False
+        )
+        return torch.bfloat16 if cuda_bf16 else torch.float32
     if dtype not in DTYPES:
         raise CdscopeError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
-    if device.type == "mps" and dtype == "float64":
-        raise CdscopeError("--dtype float64 is not supported on MPS; use float32")
+    check_dtype_on_device(DTYPES[dtype], device)
     return DTYPES[dtype]
+
+
+def check_dtype_on_device(dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse ``dtype`` on ``device`` where torch cannot compute in it: float64 on MPS,
+    bfloat16 on a CUDA GPU below compute capability 8.0 (torch would emulate it, slowly
+    and not bit for bit) or on MPS before macOS 14. A kernel that lacks the dtype inside
+    one model's forward is reported at the proof (``adapters.architecture_of``)."""
+    name = str(dtype).removeprefix("torch.")
+    if device.type == "mps" and dtype == torch.float64:
+        raise CdscopeError(
+            "--dtype float64 is not supported on MPS (Apple GPUs have no float64); use "
+            "--dtype float32, or --device cpu for float64"
+        )
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if not torch.cuda.is_bf16_supported(including_emulation=False):
+            major, minor = torch.cuda.get_device_capability(index)
+            raise CdscopeError(
+                f"--dtype bfloat16 is not supported on {device} (compute capability "
+                f"{major}.{minor}, bfloat16 needs 8.0+); use --dtype float16 or float32"
+            )
+    if device.type == "mps" and dtype == torch.bfloat16:
+        try:
+            torch.ones(2, dtype=dtype, device=device).sum().item()
+        except (RuntimeError, TypeError) as exc:
+            raise CdscopeError(
+                f"--dtype {name} is not supported on mps here ({str(exc).splitlines()[0]}); "
+                "use --dtype float16 or float32"
+            ) from None
+
+
+#: dtypes torch's grouped matmul (transformers' default ``grouped_mm`` experts) computes in
+GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def experts_implementation(dtype: torch.dtype, device: torch.device) -> str:
+    """The MoE experts kernel for ``dtype`` on ``device``: transformers' default
+    ``grouped_mm`` (one grouped matmul for all experts) where torch has it for the dtype
+    (float32 / bfloat16 / float16 on CPU and CUDA), else ``eager`` (one matmul per
+    expert: every dtype and device, e.g. float64, which ``torch._grouped_mm`` refuses)."""
+    if dtype in GROUPED_MM_DTYPES and device.type in ("cpu", "cuda"):
+        return "grouped_mm"
+    return "eager"
+
+
+def experts_in_use(model: nn.Module) -> str | None:
+    """The experts implementation a model runs (``eager``, ``grouped_mm``, ``batched_mm``,
+    ...); None for a model whose code has no experts interface (dense models, remote code)."""
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    if not callable(can_set) or not can_set():
+        return None
+    return getattr(model.config, "_experts_implementation", None)
+
+
+def fit_experts(model: nn.Module, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Switch a model whose experts would run ``grouped_mm`` to the kernel of
+    ``experts_implementation`` (a choice the checkpoint or the user made otherwise is kept:
+    ``batched_mm`` runs every dtype); returns ``experts_in_use``."""
+    current = experts_in_use(model)
+    wanted = experts_implementation(dtype, device)
+    if current == "grouped_mm" and wanted != "grouped_mm":
+        model.set_experts_implementation(wanted)
+    return experts_in_use(model)
 
 
 _HASHED: dict[tuple, str] = {}  # this process's hashes, by (path, size, mtime, inode)
@@ -368,5 +436,6 @@ def load_model(
         model.to(torch_device)
     else:
         torch_device = execution_device(model)
+    fit_experts(model, torch_dtype, torch_device)
     model.eval()
     return LoadedModel(model, tokenizer, spec, source, revision, torch_device, torch_dtype)

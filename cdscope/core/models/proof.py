@@ -6,11 +6,17 @@ dtype, with the real whole-write gate hooks installed (``cdscope.core.gate_sites
 the hooks ``cdscope.core.gates.GatedModel`` installs at sublayer granularity):
 
 1. **unit gates**: with g = 1 the logits equal the ungated logits bit for bit;
-2. **write sum** (same forward, writes captured after their gate): for every block
-   ``max |h_out - h_in - sum_k s_k w_k| <= 8 eps(dtype) * max(|h_in|, |h_out|, |s_k w_k|)``
-   — nothing but the gated writes changes the stream inside a block;
+2. **write sum** (same forward, writes captured after their gate): for every block and
+   every element i, ``|h_out - h_in - sum_k s_k w_k|_i <= 8 eps(dtype) * (|h_in| + |h_out|
+   + sum_k |s_k w_k|)_i`` (``discovery.write_sum_error``: the rounding of at most 8
+   additions and scalings in the model's dtype, with a margin of 2) — nothing but the
+   gated writes changes the stream inside a block;
 3. **zero gates**: with every g = 0 the last block's output equals the first block's
    input bit for bit — nothing else writes to the stream between or inside blocks.
+
+Then ``own_head`` (``cdscope.core.models.head``) records whether cdscope's output head on
+the backbone's hidden states gives the model's own logits; where it does not (Cohere's
+``logit_scale``, ...), the likelihood runs the model's own forward.
 
 A failure raises ``CdscopeError`` naming the layer, the check and the size of the error.
 Non-finite ungated logits (finite hidden states, NaN/inf head) are refused before check 1,
@@ -27,9 +33,12 @@ from torch import nn
 
 from cdscope.core.gate_sites import GateState, WriteSite, gate_dtype
 from cdscope.core.models import discovery as d
+from cdscope.core.models.head import own_head
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
 from cdscope.hooks import HookSet, first_tensor
+
+HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class ProofResult:
     write_sum_tolerance: float
     zero_gates_error: float  # max |h_out(last) - h_in(first)| with g = 0
     seconds: float  # discovery + proof
+    own_head: bool = True  # backbone + cdscope's head = the model's logits (head.own_head)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -98,6 +108,7 @@ def _gated_forward(
 def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, start: float):  # noqa: ANN001
     """Run the three checks of the module docstring; ``ProofResult`` or ``CdscopeError``."""
     dtype = next(model.parameters()).dtype
+    dtype_name = str(dtype).removeprefix("torch.")
     tol = d.tolerance(dtype)
     name = arch.model_type
     sites = [
@@ -112,40 +123,39 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
     if not torch.equal(logits, reference):
         err = (logits.double() - reference.double()).abs().max().item()
         raise CdscopeError(
-            f"{name}: proof failed: unit gates change the logits (max |diff| {err:.1e}); "
+            f"{name}: proof failed: unit gates change the logits (max |diff| {err:.1e} in "
+            f"{dtype_name}); "
             "the gate hooks are not an identity at g = 1"
         )
     worst = 0.0
     for layer, (h_in, h_out) in enumerate(ios):
         ks = [k for k, w in enumerate(arch.writes) if w.layer == layer]
         terms = [arch.writes[k].scale * outs[k].double().reshape(h_in.shape) for k in ks]
-        update = h_out.double() - h_in.double() - sum(terms)
-        scale = max(
-            [h_in.double().abs().max().item(), h_out.double().abs().max().item()]
-            + [t.abs().max().item() for t in terms]
-            + [1e-30]
-        )
-        err = update.abs().max().item() / scale
+        err = d.write_sum_error(h_in, h_out, terms)
         worst = max(worst, err)
         if not err <= tol:
+            hint = "; load the model in float32" if dtype in HALF else ""
             raise CdscopeError(
                 f"{name}: proof failed at layer {layer}: block output - input != sum of its "
-                f"gated writes (rel. error {err:.1e} > {tol:.1e})"
+                f"gated writes in {dtype_name} (rel. error {err:.1e} > {tol:.1e}, 8 epsilons "
+                f"of {dtype_name}){hint}"
             )
     _, ios0, _ = _gated_forward(model, arch, sites, ids, 0.0)
     zero_err = (ios0[-1][1].double() - ios0[0][0].double()).abs().max().item()
     if zero_err != 0.0:
         raise CdscopeError(
             f"{name}: proof failed at layer {len(ios0) - 1}: with every gate at 0 the last "
-            f"block's output differs from the first block's input (max |diff| {zero_err:.1e}): "
-            "something else writes to the residual stream"
+            f"block's output differs from the first block's input (max |diff| {zero_err:.1e} "
+            f"in {dtype_name}): something else writes to the residual stream"
         )
+    own = own_head(model, arch.blocks_path, ids, reference)
     return ProofResult(
         tokens=int(ids.shape[1]),
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=dtype_name,
         unit_gates_exact=True,
         write_sum_error=worst,
         write_sum_tolerance=tol,
         zero_gates_error=zero_err,
         seconds=time.perf_counter() - start,
+        own_head=own,
     )

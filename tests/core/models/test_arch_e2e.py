@@ -30,7 +30,7 @@ from cdscope.cli import app
 from cdscope.core.batch import encode_probe
 from cdscope.core.models import coverage
 from cdscope.core.probes import draw_probe, load_pool
-from tests.helpers import NAMED, byte_tokenizer, gate_gradient, write_pool
+from tests.helpers import NAMED, gate_gradient, write_pool
 
 TYPES = [*sorted(NAMED), "bamba"]  # eight named types, Jamba and Bamba (hybrids)
 ROLES = {**{t: NAMED[t][:2] for t in NAMED}, "bamba": (("mixer", "mlp"), ("mixer", "mlp"))}
@@ -45,14 +45,12 @@ def invoke(*args: object):
 
 def _checkpoint(model_type: str, directory: Path) -> Path:
     torch.manual_seed(1)
-    model = coverage.tiny_model(model_type).to(torch.float32)
+    model = coverage.tiny_model(model_type)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn_like(p))
-    model.save_pretrained(directory)
-    byte_tokenizer().save_pretrained(directory)
-    return directory
+    return coverage.save_checkpoint(model, directory)  # float32, with the byte tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,19 +1,26 @@
-"""Coverage of transformers' causal-LM types (issue 12): docs/architectures.md is the
-rendered output of ``cdscope.core.models.coverage``; these tests fail when it is stale."""
+"""Coverage of transformers' causal-LM types (issues 12, 24): docs/architectures.md is the
+rendered output of ``cdscope.core.models.coverage``; these tests fail when it is stale.
+
+The rows hold no number rounding could move (no error buckets; proofs with margins), no
+temporary path and no timing, so they are the same on any CPU: a varied subset is
+re-measured on every run, the whole page with ``CDSCOPE_FULL_COVERAGE=1`` (4 min on one
+idle thread here, kept out of ``make test`` for its cost; also ``python -m
+cdscope.core.models.coverage_page --check docs/architectures.md``)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from cdscope.core.models import coverage
+from cdscope.core.models import coverage, coverage_page
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "architectures.md"
 #: a fast, varied subset re-measured on every run (dense, MoE, MLA, hybrids, post-norm,
-#: parallel residual, flattened rows, post-LN refusal, encoder-decoder refusal)
+#: parallel residual, flattened rows, post-LN refusal, encoder-decoder refusal, routing)
 SUBSET = [
     "llama",
     "gpt2",
@@ -30,6 +37,9 @@ SUBSET = [
     "opt",
     "bert",
     "bart",
+    "aria_text",  # MoE routing switches near g = 1 at the larger finite-difference steps
+    "emu3",  # refused at load: its reason once named the random temporary directory
+    "openai-gpt",  # refused: two closest fits nearly tie, once named in the row
 ]
 
 
@@ -49,7 +59,7 @@ def test_doc_lists_every_causal_lm_type_once() -> None:
 def test_doc_row_is_current(model_type: str) -> None:
     torch.set_num_threads(1)
     [row] = coverage.run([model_type])
-    rendered = coverage.render([row]).strip().splitlines()[-1]
+    rendered = coverage_page.render([row]).strip().splitlines()[-1]
     assert _doc_rows()[model_type] == rendered
 
 
@@ -61,21 +71,26 @@ def test_doc_counts_meet_the_goal_and_match_the_table() -> None:
     hybrid = [c for c in supported if "mixer" in c[2]]
     assert len(supported) >= 80 and len(moe) >= 12 and len(hybrid) >= 4
     header = re.search(
-        r"\*\*(\d+) of (\d+) types supported\*\* — (\d+) with MoE blocks, (\d+)", DOC.read_text()
+        r"\*\*(\d+) of (\d+) types supported\*\* — (\d+) with MoE blocks, (\d+) with .*; "
+        r"(\d+) proven in all four dtypes; eap-info supports (\d+)\.",
+        DOC.read_text(),
     )
+    dtypes = [c[4:8] for c in supported]
     assert header and tuple(map(int, header.groups())) == (
         len(supported),
         len(cells),
         len(moe),
         len(hybrid),
+        sum(d == ["yes"] * 4 for d in dtypes),
+        sum(c[8] == "yes" for c in supported),
     )
-    eap = re.search(r"eap-info supports (\d+)\.", DOC.read_text())
-    assert eap and int(eap.group(1)) == sum(c[4] == "yes" for c in supported)
-    for c in supported:  # every supported type passed autograd vs finite differences
-        assert re.search(r"C vs FD < 1e-[3-6]", c[5]), c
+    for c in supported:  # proven in float32 and float64 (the columns fp32 and fp64)
+        assert c[4] == "yes" and c[7] == "yes", c
 
 
-@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("CDSCOPE_FULL_COVERAGE"), reason="4 min: set CDSCOPE_FULL_COVERAGE=1"
+)
 def test_doc_is_the_rendered_full_run() -> None:
     torch.set_num_threads(1)
-    assert DOC.read_text() == coverage.render(coverage.run())
+    assert DOC.read_text() == coverage_page.render(coverage.run())

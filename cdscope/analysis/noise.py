@@ -42,6 +42,7 @@ from numpy.typing import ArrayLike
 
 __all__ = ["gram_measures", "psd_part", "unbiased_gram"]
 
+
 def unbiased_gram(samples: Sequence[ArrayLike]) -> np.ndarray:
     """U-statistic Gram of the expected rows from per-sample contributions (module doc).
 

@@ -196,9 +196,7 @@ ModelOpt = Annotated[
 ]
 SeedsOpt = Annotated[
     int,
-    typer.Option(
-        "--seeds", "-s", min=1, max=COUNT_MAX, help=SEEDS_HELP
-    ),
+    typer.Option("--seeds", "-s", min=1, max=COUNT_MAX, help=SEEDS_HELP),
 ]
 ProbeOpt = Annotated[
     list[Path] | None,
@@ -324,6 +322,8 @@ FromOpt = Annotated[
         help="Recompute from an existing probe Parquet (OUT.probe.parquet) without loading a model.",
     ),
 ]
+
+
 def print_json(command: str, tables: dict[str, object], **extra: object) -> None:
     """``--json``: one strict JSON object on stdout (RFC 8259: what ``JSON.parse``, ``jq``
     and every strict parser accept); each DataFrame becomes a list of row records.

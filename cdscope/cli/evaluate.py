@@ -70,7 +70,9 @@ AuditOpt = Annotated[
 ]
 AuditTrainOpt = Annotated[
     list[Path] | None,
-    typer.Option("--audit-train", help="Training task JSONL(s) to audit against (default: shipped)."),
+    typer.Option(
+        "--audit-train", help="Training task JSONL(s) to audit against (default: shipped)."
+    ),
 ]
 AuditProbeOpt = Annotated[
     list[Path] | None,

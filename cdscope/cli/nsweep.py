@@ -89,7 +89,9 @@ def nsweep(
     outputs |= {"plot": plot} if plot is not None else {}
     if as_json:
         tables = {"summary": result.summary, "per_seed": result.per_seed}
-        print_json("nsweep", tables, ns=list(sweep.ns), outputs={k: str(v) for k, v in outputs.items()})
+        print_json(
+            "nsweep", tables, ns=list(sweep.ns), outputs={k: str(v) for k, v in outputs.items()}
+        )
     else:
         out_console.print(nsweep_table(result.summary))
     for name, path in outputs.items():

@@ -55,7 +55,9 @@ def option(
     keywords: dict[str, Any] = {"help": spec.metadata["help"]}
     if {"low", "high"} & set(bounds):
         keywords["parser"] = finite(
-            bounds.pop("low", None), bounds.pop("high", None), low_open=bounds.pop("low_open", False)
+            bounds.pop("low", None),
+            bounds.pop("high", None),
+            low_open=bounds.pop("low_open", False),
         )
     keywords.update(bounds)  # min / max of an integer
     if unset:

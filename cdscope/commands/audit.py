@@ -159,7 +159,10 @@ AUDITS = {
         "Bottleneck decomposition",
         k_dependent=("PR", "top1%"),
         corrected=(
-            "B_shared_C_unbiased", "B_dir_unbiased", "B_norm_unbiased", "gram_negative_mass"
+            "B_shared_C_unbiased",
+            "B_dir_unbiased",
+            "B_norm_unbiased",
+            "gram_negative_mass",
         ),
     ),
 }
@@ -254,9 +257,7 @@ def per_seed_frame(
                  "ci_low": lo, "ci_high": hi}
             )  # fmt: skip
     # the string dtype the Parquet file reads back as, so API and file frames are equal
-    return pd.DataFrame(rows, columns=PER_SEED_COLUMNS).astype(
-        {"family": "str", "family_b": "str"}
-    )
+    return pd.DataFrame(rows, columns=PER_SEED_COLUMNS).astype({"family": "str", "family_b": "str"})
 
 
 def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the engine draws through this module (run_audit), not the r
 
     from cdscope.commands.audit import AuditResult
 
+
 def units_plot_path(path: Path) -> Path:
     """``fig.png`` -> ``fig.units.png``: the unit figure beside an audit's figure."""
     return path.with_name(f"{path.stem}.units{path.suffix}")

@@ -264,9 +264,7 @@ class _Sampler:
     """One eval run's samples so far and its metadata: the models are sampled one after
     the other, the progress file rewritten every ``WRITE_EVERY_S`` seconds."""
 
-    def __init__(
-        self, request: EvalRequest, chosen: list, ks: list[int], console: Console
-    ) -> None:
+    def __init__(self, request: EvalRequest, chosen: list, ks: list[int], console: Console) -> None:
         self.request, self.chosen, self.ks, self.console = request, chosen, ks, console
         self.samples_path = request.out_dir / "samples.parquet"
         self.hashes = {t.id: task_hash(t) for t, _ in chosen}
@@ -329,12 +327,17 @@ class _Sampler:
         record["wall_s"] = time.perf_counter() - t_model
         return record
 
-    def problem(self, spec: str, task: object, bench: str, generate: Callable, record: dict) -> None:
+    def problem(
+        self, spec: str, task: object, bench: str, generate: Callable, record: dict
+    ) -> None:
         """``n`` completions of one problem, verified, as rows; ``record`` counts them."""
         settings = self.request.settings
         t0 = time.perf_counter()
         texts, counts = generate(
-            task, task.prompt, settings.tokens_for(task.family), problem_seed(settings.seed, task.id)
+            task,
+            task.prompt,
+            settings.tokens_for(task.family),
+            problem_seed(settings.seed, task.id),
         )
         t1 = time.perf_counter()
         verdicts = _score([task] * len(texts), texts, settings)
@@ -364,13 +367,15 @@ class _Sampler:
         samples and the pass@k table."""
         frames = self.frames
         samples = (
-            pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COMPLETION_COLUMNS)
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else pd.DataFrame(columns=COMPLETION_COLUMNS)
         )
         outputs.write_parquet(samples, self.samples_path, self.metadata)
         outputs.remove_on_commit(partial_path(self.samples_path))
-        wanted = samples["model"].isin(list(self.request.model_specs)) & samples[
-            "problem_id"
-        ].isin([t.id for t, _ in self.chosen])
+        wanted = samples["model"].isin(list(self.request.model_specs)) & samples["problem_id"].isin(
+            [t.id for t, _ in self.chosen]
+        )
         hard_ids = self.request.hard_ids
         passk = summarize(samples[wanted], self.ks, hard_ids)
         hard = {"hard_ids_hash": content_hash(sorted(hard_ids)) if hard_ids else None}

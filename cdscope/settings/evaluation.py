@@ -24,12 +24,8 @@ class EvalSettings:
     temperature: float = setting(
         0.6, "--temperature", "Sampling temperature (0 = greedy).", low=0, high=100
     )
-    top_p: float = setting(
-        1.0, "--top-p", "Nucleus sampling mass.", low=0, high=1, low_open=True
-    )
-    seed: int = setting(
-        0, "--seed", "Run seed (per problem: seed x id).", min=0, max=SEED_MAX
-    )
+    top_p: float = setting(1.0, "--top-p", "Nucleus sampling mass.", low=0, high=1, low_open=True)
+    seed: int = setting(0, "--seed", "Run seed (per problem: seed x id).", min=0, max=SEED_MAX)
     max_new_tokens: dict[str, int] = field(default_factory=dict)  # per-domain overrides
     limit: int | None = setting(None, "--limit", "First N problems of each benchmark.", min=1)
     batch_size: int | None = setting(

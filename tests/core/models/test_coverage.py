@@ -51,7 +51,26 @@ def _doc_rows() -> dict[str, str]:
     }
 
 
+def _doc_transformers_version() -> str:
+    found = re.search(r"\(transformers ([^)]+)\)", DOC.read_text())
+    assert found, f"{DOC.name} does not say which transformers version it was generated with"
+    return found.group(1)
+
+
+def test_doc_was_generated_with_the_installed_transformers() -> None:
+    """A new transformers release adds types (5.24.0 added 7): the page is for one version."""
+    import transformers
+
+    assert _doc_transformers_version() == transformers.__version__, (
+        f"docs/architectures.md is for transformers {_doc_transformers_version()}, this "
+        f"environment has {transformers.__version__}: install the tested set "
+        "(`make setup` uses constraints.txt) or regenerate the page with "
+        "`python -m cdscope.core.models.coverage_page --write docs/architectures.md`"
+    )
+
+
 def test_doc_lists_every_causal_lm_type_once() -> None:
+    test_doc_was_generated_with_the_installed_transformers()
     assert sorted(_doc_rows()) == coverage.causal_lm_types()
 
 

@@ -64,5 +64,10 @@ def inspect(
         f"{proof['discovery_and_proof_s']:.2f} s",
         highlight=False,
     )
+    if not proof["own_head"]:
+        out_console.print(
+            "logits: through the model's own forward (it transforms them after its head)",
+            highlight=False,
+        )
     out_console.print(f"second order: {record['second_order']}", highlight=False)
     out_console.print(f"eap-info: {record['eap_info']}", highlight=False)

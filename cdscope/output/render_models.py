@@ -36,16 +36,18 @@ def layout_table(record: dict) -> Table:
 
 
 def layout_notes(record: dict) -> list[str]:
-    """The lines under ``layout_table``: the proof, second-order support, eap-info support."""
+    """The lines under ``layout_table``: the proof, where the logits come from (when not
+    from the head alone), second-order support, eap-info support."""
     proof = record["proof"]
-    return [
+    lines = [
         f"proof on {proof['tokens']} tokens ({proof['dtype']}): unit gates exact; "
         f"write sums within {proof['write_sum_error']:.1e} (tolerance "
         f"{proof['write_sum_tolerance']:.1e}); zero gates leave the stream unchanged; "
         f"{proof['discovery_and_proof_s']:.2f} s",
-        f"second order: {record['second_order']}",
-        f"eap-info: {record['eap_info']}",
     ]
+    if not proof["own_head"]:
+        lines.append("logits: through the model's own forward (it transforms them after its head)")
+    return [*lines, f"second order: {record['second_order']}", f"eap-info: {record['eap_info']}"]
 
 
 def installed_models_table(row: dict) -> Table:

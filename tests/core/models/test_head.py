@@ -61,3 +61,16 @@ def test_row_loglikelihood_is_the_models_own(model_type: str, changes: dict, own
     # margin. With cdscope's own head forced on every type (the bug): 2.3e-4 (recurrent_gemma)
     # to 15.6 nats (minicpm3)
     torch.testing.assert_close(ours, slow, rtol=0, atol=1e-12)
+
+
+def test_inspect_says_where_the_logits_come_from(tmp_path) -> None:
+    """``cdscope inspect`` names the model's own forward where cdscope's head is not it."""
+    from tests.helpers import invoke
+
+    for model_type, changes, own in (CASES[0], CASES[2]):
+        directory = coverage.save_checkpoint(_model(model_type, changes), tmp_path / model_type)
+        result = invoke("inspect", "-m", directory, "--json")
+        assert result.exit_code == 0, result.output
+        assert f'"own_head": {str(own).lower()}' in result.output
+        text = invoke("inspect", "-m", directory).output
+        assert ("logits: through the model's own forward" in text) is (not own)

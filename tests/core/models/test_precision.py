@@ -287,7 +287,7 @@ def test_saved_moe_checkpoints_measure_in_float64_and_bfloat16(model_type, moe_p
     half, _, record = _probe(directory, moe_pool, tmp_path / "b.parquet", "--dtype", "bfloat16")
     assert (record["dtype"], record["experts"]) == ("bfloat16", "grouped_mm")
     cosine = (half * exact).sum() / np.linalg.norm(half) / np.linalg.norm(exact)
-    assert cosine > 0.99  # bf16 against float64: worst 0.99979 (jamba); docs/precision.md
+    assert cosine > 0.99  # bf16 vs float64: floor 0.99989 (jamba) at 1 and 2 threads; 90x on 1-cos
 
 
 def test_unit_scales_are_tried_before_least_squares() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cdscope.core.control import EPS0
 from cdscope.errors import CdscopeError
 from cdscope.finite import first_unusable
 from cdscope.io import read_parquet
@@ -142,7 +143,22 @@ def _sample_problem(frame: pd.DataFrame) -> str | None:
     if ragged.any():
         row = part.loc[ragged.idxmax()]
         return f"the per-sample lists of {_where(row)} differ in length (one entry per sample)"
-    return None
+    return _unnormalisable_family(part)
+
+
+def _unnormalisable_family(part: pd.DataFrame) -> str | None:
+    """A kept row whose logp samples average to |l_m| < eps0 (SPEC §2 drops such a
+    family): its per-sample contributions dlogp / l_m would be infinite."""
+    ell = part["logp_samples"].map(np.mean).to_numpy(dtype=np.float64)
+    small = np.abs(ell) < EPS0
+    if not small.any():
+        return None
+    at = int(np.argmax(small))
+    return (
+        f"logp_samples of {_where(part.iloc[at])} average to l_m = {ell[at]:.3g}, "
+        f"which cannot normalise C (|l_m| < {EPS0:g}; a measured probe drops such a family): "
+        "the file was altered, re-measure it"
+    )
 
 
 def pair_problems(frame: pd.DataFrame) -> dict[tuple, str]:

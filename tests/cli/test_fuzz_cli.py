@@ -385,6 +385,9 @@ CRAFTED = {
     "finite C = 1e200": (lambda f: f.assign(C=1e200), "absurdly large"),
     "per-sample strings": (lambda f: f.assign(logp_samples=[["a", "b"]] * len(f)), "not a list of numbers"),
     "F = -inf": (lambda f: f.assign(F=f["F"].where(f.index != 3, -np.inf)), "F of family"),
+    # found by the fuzz below on a fresh machine: l_m = 0 reached eigh as NaN (LinAlgError)
+    "logp samples averaging to 0": (lambda f: f.assign(logp_samples=[[0.0, 0.0]] + list(f["logp_samples"][1:])),
+                                    "cannot normalise C"),
 }  # fmt: skip
 
 

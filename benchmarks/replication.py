@@ -250,7 +250,8 @@ def evaluate(args: argparse.Namespace, runner: Runner) -> bool:
     argv += ["--plot", str(folder / "passk.png")]
     if args.eval_limit:
         argv += ["--limit", str(args.eval_limit)]
-    if (folder / "samples.parquet").is_file():
+    # a finished eval, or one stopped part-way (its samples.partial.parquet), continues
+    if any((folder / name).is_file() for name in ("samples.parquet", "samples.partial.parquet")):
         argv.append("--resume")
     return runner("eval", "eval", argv)
 

@@ -190,6 +190,9 @@ def figures(img: Path, logs: dict, audit: dict, passk: pd.DataFrame, specs: dict
                             color=COLOUR[group], alpha=0.15, lw=0)  # fmt: skip
         ax.set(xscale="log", xlabel="k", ylabel="pass@k (%), held-out curriculum",
                title="pass@k before and after training")  # fmt: skip
+        ks = sorted(passk["k"].unique())
+        ax.set_xticks(ks, [str(k) for k in ks])  # the measured k, not powers of ten
+        ax.minorticks_off()
         ax.legend()
         made.append(save(fig, img / "replication-passk.png"))
     return made
@@ -267,20 +270,47 @@ def pass_at_k(path: Path, specs: dict) -> pd.DataFrame:
     return frame
 
 
+def covered_seconds(starts: pd.Series, ends: pd.Series) -> float:
+    """The length of the union of the intervals [start, end]: wall time of commands that
+    ran side by side, without the gaps between invocations."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(zip(starts, ends)):
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
 def command_section(args: Namespace, out: Path, logs: dict) -> list[str]:
     plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else {}
     settings = ", ".join(f"{k} = {v}" for k, v in plan.items())
     calls = (
         (out / "commands.txt").read_text().splitlines() if (out / "commands.txt").is_file() else []
     )
+    calls = [c for c in calls if not c.endswith("--phases report")]  # re-renders only
+    resumed = len(calls) - len(dict.fromkeys(calls))  # the same command again continues the run
+    calls = list(dict.fromkeys(calls))
     lines = ["## Command, settings and time", "", "```bash", *calls, "```", ""]
+    if resumed:
+        lines += [f"(run {resumed + 1} times: each call continued the stopped run; see below)", ""]
     lines += [f"Settings: {settings}.", ""]
     timings = out / "timings.jsonl"
     if timings.is_file():
         rows = pd.DataFrame([json.loads(x) for x in timings.read_text().splitlines() if x])
-        spent = rows.groupby("phase")["seconds"].sum() / 60
-        parts = ", ".join(f"{phase} {minutes:.1f} min" for phase, minutes in spent.items())
-        lines += [f"Wall time (all invocations): {parts}; total {spent.sum():.1f} min.", ""]
+        rows["start"] = rows["at"] - rows["seconds"]
+        phases = rows.groupby("phase", sort=False)
+        spent = phases["seconds"].sum() / 60
+        wall = phases.apply(lambda p: covered_seconds(p["start"], p["at"])) / 60
+        parts = ", ".join(
+            f"{phase} {spent[phase]:.1f} min of commands in {wall[phase]:.1f} min wall"
+            for phase in spent.index
+        )
+        lines += [
+            f"Time of the completed commands per phase ({args.jobs} at a time where a phase "
+            f"runs several): {parts}; {spent.sum():.1f} min of commands in all. A command "
+            "stopped part-way (a session that ended) is not counted; its rerun continued "
+            "from its checkpoint or partial file.",
+            "",
+        ]
     columns = ["rollout_s", "backbone_s", "measure_s", "regularizer_s", "projection_s", "step_s"]
     table = ["| arm | steps logged | " + " | ".join(columns) + " |", "|---" * 8 + "|"]
     for arm, frame in logs.items():

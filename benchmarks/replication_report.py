@@ -274,7 +274,7 @@ def covered_seconds(starts: pd.Series, ends: pd.Series) -> float:
     """The length of the union of the intervals [start, end]: wall time of commands that
     ran side by side, without the gaps between invocations."""
     total, reach = 0.0, float("-inf")
-    for start, end in sorted(zip(starts, ends)):
+    for start, end in sorted(zip(starts, ends, strict=True)):
         total += max(0.0, end - max(start, reach))
         reach = max(reach, end)
     return total

@@ -98,7 +98,7 @@ def load_model(
 
 def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> LoadedModel:
     """Wrap a transformers model + tokenizer loaded by the caller, after checking both."""
-    from cdscope.core.models.adapters import adapter_for
+    from cdscope.core.models.architecture import architecture_of
     from cdscope.core.models.loading import (
         LoadedModel,
         fit_experts,
@@ -129,7 +129,7 @@ def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> Loaded
     model.eval()
     parameter = next(model.parameters())
     fit_experts(model, parameter.dtype, parameter.device)  # float64 experts run eager
-    adapter_for(model)  # proven in the dtype it will run in; unsupported ones refused
+    architecture_of(model)  # proven in the dtype it will run in; unsupported ones refused
     config = model.config
     source = getattr(config, "_name_or_path", "") or "in-memory"
     return LoadedModel(

@@ -146,7 +146,7 @@ def gate_gradient(model: torch.nn.Module, batch, embedding: torch.nn.Module):  #
     from cdscope.core.control import frozen_parameters
     from cdscope.core.gates import GatedModel
     from cdscope.core.likelihood import row_target_logprobs
-    from cdscope.core.models.adapters import architecture_of
+    from cdscope.core.models.architecture import architecture_of
 
     architecture_of(model)  # discovered and proven before the h_0 scalar is hooked in
     g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)

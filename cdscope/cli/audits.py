@@ -56,7 +56,7 @@ def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 
     )  # fmt: skip
 
 
-def audit_outputs(request, plot: Path | None, result) -> dict[str, str]:  # noqa: ANN001
+def outputs_by_name(request, plot: Path | None, result) -> dict[str, str]:  # noqa: ANN001
     """What an audit wrote, by name (``--json``'s ``outputs`` and the closing lines)."""
     from cdscope.commands.audit import sibling
 
@@ -162,7 +162,7 @@ def _register_audit_command(command: str, doc: str, gate: bool = False) -> None:
         if plot is not None:
             check_plot_path(plot)
         result = run_audit(spec, request, err_console, audit, plot)
-        outputs = audit_outputs(request, plot, result)
+        outputs = outputs_by_name(request, plot, result)
         if not gate:
             _report(spec, result, outputs, values["as_json"])
             return

@@ -48,7 +48,7 @@ from cdscope.core.eap import (
 from cdscope.core.gates import GatedModel
 from cdscope.core.generation import finite_logits
 from cdscope.core.models import LoadedModel
-from cdscope.core.models.adapters import architecture_of, position_limit
+from cdscope.core.models.architecture import architecture_of, position_limit
 from cdscope.core.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
@@ -79,7 +79,7 @@ def verifiable(item: ProbeItem) -> bool:
     return "answer" in item.extra and kind in VERIFIERS and not is_code_kind(kind)
 
 
-def verify(item: ProbeItem, completion: str) -> str | None:
+def scored_text(item: ProbeItem, completion: str) -> str | None:
     """The text to score (completion up to its answer statement) if correct, else None."""
     found = extract_answer(completion)
     if found is None or not verify_task(task_from_probe_item(item), completion).passed:
@@ -140,7 +140,7 @@ def answer(
         if len(prompt) >= max_tokens:
             counts["too_long"] += 1
             continue
-        scored = verify(item, _generate(loaded, prompt, settings.max_new_tokens))
+        scored = scored_text(item, _generate(loaded, prompt, settings.max_new_tokens))
         if scored is None or not scored.strip():
             counts["incorrect"] += 1
             continue

@@ -75,7 +75,7 @@ from cdscope.core.batch import ProbeBatch, row_chunks
 from cdscope.core.control import frozen_parameters
 from cdscope.core.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.core.likelihood import row_target_logprobs
-from cdscope.core.models.adapters import architecture_of
+from cdscope.core.models.architecture import architecture_of
 from cdscope.core.models.discovery import input_tensor
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite

@@ -44,7 +44,7 @@ from cdscope.core.eap import EdgeHooks, edge_products
 from cdscope.core.eap_graph import EdgeGraph
 from cdscope.core.gate_sites import GateSet, GateUnit
 from cdscope.core.likelihood import row_target_logprobs
-from cdscope.core.models.adapters import Architecture
+from cdscope.core.models.architecture import Architecture
 
 GRANULARITY = "edge"
 

@@ -49,7 +49,7 @@ from cdscope.core.gate_sites import (
     rows_first,
 )
 from cdscope.core.models import discovery as d
-from cdscope.core.models.adapters import Architecture, Write
+from cdscope.core.models.architecture import Architecture, Write
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
 

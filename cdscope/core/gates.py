@@ -8,10 +8,10 @@ gate settings per row (families, +/- perturbations). Gate ``k`` of a sublayer ga
 is the position of the write in the model's architecture description (blocks in order,
 writes of a block in call order): ``2*l`` for the attention write of layer ``l`` and
 ``2*l + 1`` for its MLP write in an ordinary decoder (K = 2L); hybrid blocks may have
-other counts and roles (``cdscope.core.models.adapters``).
+other counts and roles (``cdscope.core.models.architecture``).
 
 Mechanism: a forward hook on each write module (discovered and proven at load by
-``cdscope.core.models.adapters.architecture_of``)
+``cdscope.core.models.architecture.architecture_of``)
 multiplies the module's output by ``g[:, k]``. With ``g = 1`` the multiplication is an
 exact floating-point identity, so the gated model reproduces the ungated one bit for bit;
 ``g_k = 0`` removes exactly that write. Both facts are tested in ``tests/core/test_gates.py``.
@@ -43,7 +43,7 @@ from cdscope.core.gate_sites import (
     WriteSite,
 )
 from cdscope.core.gate_units import unit_sites
-from cdscope.core.models.adapters import Architecture, architecture_of
+from cdscope.core.models.architecture import Architecture, architecture_of
 from cdscope.errors import CdscopeError
 from cdscope.hooks import HookSet
 from cdscope.settings.names import GATE_GRANULARITIES, SUBLAYER

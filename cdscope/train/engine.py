@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cdscope.core.models.adapters import architecture_of
+from cdscope.core.models.architecture import architecture_of
 from cdscope.distributed import held_unsharded, is_sharded
 from cdscope.errors import CdscopeError
 

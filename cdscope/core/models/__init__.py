@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdscope.core.models.adapters import Architecture, Write, architecture_of
+from cdscope.core.models.architecture import Architecture, Write, architecture_of
 from cdscope.core.models.loading import EMBEDDED_NAME, LoadedModel, load_model
 
 __all__ = ["EMBEDDED_NAME", "Architecture", "LoadedModel", "Write", "architecture_of", "load_model"]

@@ -82,7 +82,7 @@ def worker(spec: dict) -> dict:
     import torch
 
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.models.architecture import architecture_of
     from cdscope.core.regularizer import regularizer_grad
     from cdscope.train.engine import checkpoint_blocks, shard, shards_of

@@ -144,7 +144,7 @@ def gate_gradient(model: torch.nn.Module, batch, embedding: torch.nn.Module):  #
     """-dLoss_b/dg for [emb, gate 0, ..., gate K-1] per row: GatedModel plus a scalar on the
     output of ``embedding`` (h_0), Loss = mean NLL of the answer tokens (EAP's twin (a))."""
     from cdscope.core.control import frozen_parameters
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.likelihood import row_target_logprobs
     from cdscope.core.models.architecture import architecture_of
 

@@ -45,7 +45,7 @@ from cdscope.core.eap import (
     edge_scores,
     edge_statistics,
 )
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.generation import finite_logits
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.architecture import architecture_of, position_limit

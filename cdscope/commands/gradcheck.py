@@ -18,7 +18,7 @@ from rich.progress import Progress
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.batch import encode_probe, rows_per_forward
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids

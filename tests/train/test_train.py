@@ -19,7 +19,7 @@ from cdscope.commands.audit_run import run_audit
 from cdscope.commands.requests import ProbeRequest
 from cdscope.commands.train import run_train
 from cdscope.core.control import control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.probes import load_pool
 from cdscope.core.regularizer import regularizer_grad
 from cdscope.errors import CdscopeError

@@ -1,6 +1,6 @@
 """The architecture description: where each block writes into the residual stream (SPEC §1).
 
-One description serves the gates (``cdscope.core.gates``), edge attribution (``cdscope.core.eap``)
+One description serves the gates (``cdscope.core.gating.model``), edge attribution (``cdscope.core.eap``)
 and ``cdscope inspect``. For block ``l`` it lists the residual writes in call order,
 
     h_{l+1} = h_l + sum_k s_k * write_{l,k}          (s_k = 1 except residual multipliers)

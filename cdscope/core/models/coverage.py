@@ -259,7 +259,7 @@ def fd_agreement(model) -> float:  # noqa: ANN001
     gates (first, middle, last) of ``random_batch``, float64 throughout (the model is
     cast to float64 first: transformers keeps some modules, e.g. MoE routers, in float32)."""
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.models.architecture import architecture_of
     from cdscope.core.models.float64 import float64_throughout
 

@@ -10,7 +10,7 @@ import torch
 
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd, control_finite_difference
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import architecture_of, load_model
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.probes import draw_probe, load_pool

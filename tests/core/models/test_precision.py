@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cdscope.core.control import control_autograd, control_finite_difference
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import coverage, discovery, widened
 from cdscope.core.models.architecture import architecture_of
 from cdscope.core.models.float64 import float64_throughout

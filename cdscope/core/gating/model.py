@@ -23,8 +23,9 @@ the hooks pass outputs through untouched.
 Granularity: a ``GateSet`` maps each gate index to a ``GateUnit`` (layer, sublayer and,
 at finer granularities, a head, expert or neuron index). Estimators only ever see
 ``[B, K]`` tensors and the ``GateSet``. ``GatedModel(model, granularity=...)`` takes the
-name of a granularity (``GRANULARITIES``); the sites of the finer ones (forward pre-hooks
-on output projections and on MoE expert weights) live in ``cdscope.core.gate_units``.
+name of a granularity (``GATE_GRANULARITIES``); its sites come from
+``cdscope.core.gating.units.SITE_BUILDERS`` (forward hooks on whole writes; forward
+pre-hooks on output projections and on MoE expert weights at the finer ones).
 """
 
 from __future__ import annotations
@@ -36,13 +37,8 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from cdscope.core.gate_sites import (
-    Capture,
-    GateSet,
-    GateState,
-    WriteSite,
-)
-from cdscope.core.gate_units import unit_sites
+from cdscope.core.gating.units import SITE_BUILDERS
+from cdscope.core.gating.vocabulary import Capture, GateSet, GateSite, GateState
 from cdscope.core.models.architecture import Architecture, architecture_of
 from cdscope.errors import CdscopeError
 from cdscope.hooks import HookSet
@@ -71,13 +67,7 @@ class GatedModel:
             )
         self.model = model
         self.architecture = architecture or architecture_of(model)  # discovered + proven
-        writes = self.architecture.write_modules(model)
-        if granularity == SUBLAYER:
-            self._sites: list = [
-                WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)
-            ]
-        else:
-            self._sites = unit_sites(model, self.architecture, granularity)
+        self._sites: list[GateSite] = SITE_BUILDERS[granularity](model, self.architecture)
         self.gate_set = GateSet(tuple(u for site in self._sites for u in site.units), granularity)
         self._hooks = HookSet("GatedModel")
         self.state = GateState()

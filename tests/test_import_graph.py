@@ -186,7 +186,7 @@ TIERS = (
                 "cdscope.resources", "cdscope.hooks", "cdscope.settings", "cdscope.distributed",
                 "cdscope.schemas", "cdscope.embedded",
                 "cdscope.lock", "cdscope.fileset", "cdscope.launch",
-                "cdscope.version")),
+                "cdscope.version", "cdscope.lazy")),
     ("analysis", ("cdscope.analysis",)),
     ("models", ("cdscope.core.models", "cdscope.core.gating.vocabulary",
                 "cdscope.core.gating.sites", "cdscope.core.gating.units")),

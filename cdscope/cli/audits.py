@@ -35,8 +35,8 @@ def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 
     probe options take ``ProbeSettings``' defaults, and with ``--from`` every option about
     measuring (seeds, probe, batch size, resume, the model options) is refused."""
     from cdscope.commands.requests import ProbeRequest
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.io import check_writable
-    from cdscope.output.frames import ModelOptions
 
     from_path, resume = values["from_path"], resume_arg(values["resume"], values["recompute"])
     if from_path is not None:

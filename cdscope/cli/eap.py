@@ -68,9 +68,9 @@ def eap_info(
     --baseline, paired differences model - baseline.
     """
     from cdscope.commands.eap_info import eap_outputs, run_eap_info, write_eap_outputs
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
     from cdscope.io import check_plot_path, check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import eap_summary_table
 
     settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)

@@ -119,7 +119,7 @@ def eval_command(
     """
     from cdscope.commands.evaluate import contamination_audit, eval_outputs, read_hard_ids
     from cdscope.commands.requests import EvalRequest
-    from cdscope.output.frames import ModelOptions
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.tasks import default_task_paths, load_tasks
 
     options = ModelOptions.from_settings(model_settings)

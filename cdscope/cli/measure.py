@@ -60,9 +60,9 @@ def probe(
     """
     from cdscope.commands.probe import collect_control
     from cdscope.commands.requests import ProbeRun
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import seed_summary_table
 
     settings = ProbeSettings(
@@ -152,9 +152,9 @@ def gradcheck(
     relative L2 error against the exact gradient, with wall time of each.
     """
     from cdscope.commands.gradcheck import run_gradcheck
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import gradcheck_table
 
     settings = GradcheckSettings(

@@ -62,8 +62,8 @@ def nsweep(
     from cdscope.commands.audit import sibling
     from cdscope.commands.nsweep import run_nsweep
     from cdscope.commands.requests import ProbeRequest
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.io import check_plot_path, check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import nsweep_table
 
     sweep = NsweepSettings.parse(seeds, ns)

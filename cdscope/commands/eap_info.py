@@ -49,13 +49,13 @@ from cdscope.core.gating.model import GatedModel
 from cdscope.core.generation import finite_logits
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.architecture import architecture_of, position_limit
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import run_metadata
 from cdscope.messages import make_console, progress_bar
-from cdscope.output.frames import ModelOptions
 from cdscope.settings import EapSettings
 from cdscope.tasks.answers import find_final_answer
 from cdscope.tasks.format import is_code_kind, probe_verifier_kind, task_from_probe_item

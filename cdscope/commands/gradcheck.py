@@ -20,6 +20,7 @@ from cdscope.commands.workflow import model_record
 from cdscope.core.batch import encode_probe, rows_per_forward
 from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import LoadedModel
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.core.regularizer import exact_grad, fidelity, regularizer_grad
@@ -28,7 +29,7 @@ from cdscope.fileset import FileSet, partial_path
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.output.frames import ModelOptions, describe_seeds
+from cdscope.output.frames import describe_seeds
 from cdscope.settings import (
     DEFAULT_EPS,
     DEFAULT_ESTIMATOR,

@@ -154,8 +154,8 @@ def gate_count(model: object, granularity: str = SUBLAYER) -> int:
 def model_gate_count(spec: str, granularity: str = SUBLAYER) -> int:
     """``gate_count`` of the model ``spec`` names, loaded on the CPU (the model stack loads
     only when asked for)."""
-    from cdscope.core.models.loading import load_model
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.settings import ProbeSettings
 
     ProbeSettings((0,), granularity=granularity)  # refused before the load
-    return gate_count(load_model(spec, device="cpu").model, granularity)
+    return gate_count(ModelOptions(device="cpu").load(spec).model, granularity)

@@ -22,12 +22,13 @@ from cdscope.core.gating.registry import Gates, gates_for
 from cdscope.core.gating.vocabulary import GateSet
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.loading import experts_in_use
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata
 from cdscope.messages import warn
-from cdscope.output.frames import ModelOptions, ProbeSettings, describe_seeds
+from cdscope.output.frames import ProbeSettings, describe_seeds
 from cdscope.settings.names import SUBLAYER
 
 

@@ -69,7 +69,9 @@ def load_model(
     """
     from cdscope.core.models.opening import open_model
 
-    options = ModelOptions(device, dtype, attn, revision=revision, trust_remote_code=trust_remote_code)
+    options = ModelOptions(
+        device, dtype, attn, revision=revision, trust_remote_code=trust_remote_code
+    )
     return open_model(model, tokenizer, options=options, name=name)
 
 

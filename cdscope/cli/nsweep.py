@@ -37,7 +37,7 @@ OutOpt = Annotated[
 @app.command()
 @user_errors
 @with_settings(ModelSettings, "model_settings")
-def nsweep(
+def nsweep(  # size: 12 parameters, each one command-line option (Typer reads the signature)
     model: ModelOpt = None,
     seeds: annotated(NsweepSettings, "seeds") = NsweepSettings.seeds,
     ns: Annotated[

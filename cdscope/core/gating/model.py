@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import TracebackType
 
 import torch
 from torch import nn
@@ -79,12 +78,7 @@ class GatedModel:
         )
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._hooks.remove()
         self.state = GateState()
 

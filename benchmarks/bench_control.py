@@ -35,7 +35,7 @@ def main() -> None:
 
     from cdscope.core.batch import encode_probe
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.models import load_model
     from cdscope.core.probes import draw_probe, load_pool
 

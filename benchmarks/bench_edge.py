@@ -35,7 +35,7 @@ def main() -> None:
     from cdscope.core.control import control_autograd, frozen_parameters
     from cdscope.core.eap_graph import edge_count
     from cdscope.core.edge_control import control_edges
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.models import load_model
     from cdscope.core.models.head import output_logits
     from cdscope.core.probes import draw_probe, load_pool

@@ -48,7 +48,7 @@ def _setup(n: int):  # noqa: ANN202
 def memory_child(granularity: str, n: int) -> None:
     """One measurement in this (fresh) process: prints {peak, before} in bytes."""
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
 
     loaded, batch = _setup(n)
     gm = GatedModel(loaded.model, granularity=granularity)
@@ -82,7 +82,7 @@ def main() -> None:
         return
 
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
 
     loaded, batch = _setup(args.n)
     gms = {g: GatedModel(loaded.model, granularity=g) for g in GRANULARITIES}

@@ -82,8 +82,8 @@ def worker(spec: dict) -> dict:
     import torch
 
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
-    from cdscope.core.models.adapters import architecture_of
+    from cdscope.core.gating.model import GatedModel
+    from cdscope.core.models.architecture import architecture_of
     from cdscope.core.regularizer import regularizer_grad
     from cdscope.train.engine import checkpoint_blocks, shard, shards_of
     from cdscope.train.grpo import backbone_backward

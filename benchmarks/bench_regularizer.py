@@ -43,7 +43,7 @@ def run_mode(mode: str, batch_size: int) -> dict:
 
     from cdscope.core.batch import encode_probe, row_chunks
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.likelihood import row_target_logprobs
     from cdscope.core.models import load_model
     from cdscope.core.probes import draw_probe, load_pool

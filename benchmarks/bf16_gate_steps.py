@@ -15,7 +15,7 @@ import torch
 from cdscope.analysis.spectral import r_sensitivity_torch
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import load_model
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.core.regularizer import PERTURBATION_TOLERANCE, check_realised_perturbation

@@ -46,7 +46,7 @@ from cdscope.core import likelihood
 from cdscope.core.batch import ProbeBatch, encode_probe
 from cdscope.core.control import control_autograd
 from cdscope.core.edge_control import control_edges
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import coverage
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.models.loading import load_model

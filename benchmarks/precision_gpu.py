@@ -30,7 +30,7 @@ import torch
 from cdscope.analysis.spectral import b_shared
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import architecture_of, coverage, load_model
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.errors import CdscopeError

@@ -164,7 +164,7 @@ def run_worker(spec: dict) -> list[dict]:
     import torch
 
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.regularizer import regularizer_grad
 
     torch.set_num_threads(spec["threads"])

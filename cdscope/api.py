@@ -27,12 +27,13 @@ import pandas as pd
 from cdscope.commands.audit import AUDITS, AuditResult, evaluate_audit
 from cdscope.commands.audit_inputs import check_probe_frame
 from cdscope.commands.random_ref import RandomReferenceResult, random_reference_result
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import REQUIRED_KEYS, ProbePool, pool_from_records
 from cdscope.core.probes import draw_probe as _draw
 from cdscope.core.probes import load_pool as _load_pool_files
 from cdscope.errors import CdscopeError
 from cdscope.messages import make_console
-from cdscope.output.frames import ModelOptions, ProbeSettings
+from cdscope.output.frames import ProbeSettings
 from cdscope.resources import EMBEDDED_NAME
 from cdscope.settings.names import SUBLAYER
 
@@ -66,81 +67,12 @@ def load_model(
     float16 | float64 (for a model object, ``auto`` keeps its device and dtype).
     ``revision`` pins a hub branch, tag or commit; ``name`` labels the rows.
     """
-    from torch import nn
+    from cdscope.core.models.opening import open_model
 
-    from cdscope.core.models.loading import LoadedModel
-    from cdscope.core.models.loading import load_model as _load
-
-    if isinstance(model, LoadedModel):
-        if tokenizer is not None:
-            raise CdscopeError("this model is already loaded with its tokenizer; drop tokenizer=")
-        return model
-    if isinstance(model, str | Path):
-        if tokenizer is not None:
-            raise CdscopeError(
-                "tokenizer= goes with a model object; a model id or path loads its own tokenizer"
-            )
-        options = ModelOptions(
-            device, dtype, attn, revision=revision, trust_remote_code=trust_remote_code
-        )
-        loaded = _load(str(model), **options.load_kwargs())
-    elif isinstance(model, nn.Module):
-        loaded = _from_objects(model, tokenizer, device, dtype)
-    else:
-        raise CdscopeError(
-            "model must be a hub id, a local directory, a .gguf path or a transformers model, "
-            f"not {type(model).__name__}"
-        )
-    if name is not None:
-        loaded.name = name
-    return loaded
-
-
-def _from_objects(model: Any, tokenizer: Any, device: str, dtype: str) -> LoadedModel:
-    """Wrap a transformers model + tokenizer loaded by the caller, after checking both."""
-    from cdscope.core.models.adapters import adapter_for
-    from cdscope.core.models.loading import (
-        LoadedModel,
-        fit_experts,
-        resolve_device,
-        resolve_dtype,
+    options = ModelOptions(
+        device, dtype, attn, revision=revision, trust_remote_code=trust_remote_code
     )
-
-    if tokenizer is None:
-        raise CdscopeError(
-            "a model object needs its tokenizer: cdscope.load_model(model, tokenizer)"
-        )
-    if not callable(tokenizer) or not hasattr(tokenizer, "__len__"):
-        raise CdscopeError(
-            f"tokenizer must be a transformers tokenizer, not {type(tokenizer).__name__}"
-        )
-    embedding = model.get_input_embeddings()
-    rows = getattr(embedding, "num_embeddings", None)
-    if rows is not None and len(tokenizer) > rows:
-        raise CdscopeError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} "
-            "rows, so they do not belong together; pass the tokenizer saved with this model"
-        )
-    parameter = next(model.parameters())
-    if device != "auto":
-        model.to(resolve_device(device))
-    if dtype != "auto":
-        model.to(resolve_dtype(dtype, parameter.device))
-    model.eval()
-    parameter = next(model.parameters())
-    fit_experts(model, parameter.dtype, parameter.device)  # float64 experts run eager
-    adapter_for(model)  # proven in the dtype it will run in; unsupported ones refused
-    config = model.config
-    source = getattr(config, "_name_or_path", "") or "in-memory"
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        name=source if source != "in-memory" else type(model).__name__,
-        source=source,
-        revision=getattr(config, "_commit_hash", None) or "in-memory",
-        device=parameter.device,
-        dtype=parameter.dtype,
-    )
+    return open_model(model, tokenizer, options=options, name=name)
 
 
 def load_pool(source: PoolSource = None) -> ProbePool:

@@ -144,9 +144,9 @@ def gate_gradient(model: torch.nn.Module, batch, embedding: torch.nn.Module):  #
     """-dLoss_b/dg for [emb, gate 0, ..., gate K-1] per row: GatedModel plus a scalar on the
     output of ``embedding`` (h_0), Loss = mean NLL of the answer tokens (EAP's twin (a))."""
     from cdscope.core.control import frozen_parameters
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.model import GatedModel
     from cdscope.core.likelihood import row_target_logprobs
-    from cdscope.core.models.adapters import architecture_of
+    from cdscope.core.models.architecture import architecture_of
 
     architecture_of(model)  # discovered and proven before the h_0 scalar is hooked in
     g_emb = torch.ones(batch.B, dtype=torch.float64, requires_grad=True)

@@ -35,8 +35,8 @@ def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 
     probe options take ``ProbeSettings``' defaults, and with ``--from`` every option about
     measuring (seeds, probe, batch size, resume, the model options) is refused."""
     from cdscope.commands.requests import ProbeRequest
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.io import check_writable
-    from cdscope.output.frames import ModelOptions
 
     from_path, resume = values["from_path"], resume_arg(values["resume"], values["recompute"])
     if from_path is not None:
@@ -56,7 +56,7 @@ def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 
     )  # fmt: skip
 
 
-def audit_outputs(request, plot: Path | None, result) -> dict[str, str]:  # noqa: ANN001
+def outputs_by_name(request, plot: Path | None, result) -> dict[str, str]:  # noqa: ANN001
     """What an audit wrote, by name (``--json``'s ``outputs`` and the closing lines)."""
     from cdscope.commands.audit import sibling
 
@@ -162,7 +162,7 @@ def _register_audit_command(command: str, doc: str, gate: bool = False) -> None:
         if plot is not None:
             check_plot_path(plot)
         result = run_audit(spec, request, err_console, audit, plot)
-        outputs = audit_outputs(request, plot, result)
+        outputs = outputs_by_name(request, plot, result)
         if not gate:
             _report(spec, result, outputs, values["as_json"])
             return

@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -206,6 +206,22 @@ ProbeOpt = Annotated[
         help="Probe pool JSONL file(s) (default: the shipped math/code/logic pools).",
     ),
 ]
+
+
+def tasks_option(what: str, split: str) -> Any:
+    """``--tasks``: ``what`` file(s) (``Task`` / ``Training task``), the shipped ``split``
+    sets by default (eval and train)."""
+    return Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--tasks",
+            help=f"{what} file(s): JSONL, Parquet or a datasets save_to_disk folder, in "
+            "cdscope's format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped "
+            f"{split} sets).",
+        ),
+    ]
+
+
 TaskColumnsOpt = Annotated[
     str | None,
     typer.Option(

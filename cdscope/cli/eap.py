@@ -17,7 +17,7 @@ from cdscope.cli.common import (
     print_json,
     user_errors,
 )
-from cdscope.cli.options import annotated, with_settings
+from cdscope.cli.options import with_settings
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
 from cdscope.settings import EapSettings, ModelSettings
@@ -38,26 +38,22 @@ EapOutOpt = Annotated[
 ]
 
 
-# A command's parameters are its options (Typer reads them from the signature).
+# A command's parameters are its options (Typer reads them from the signature); EapSettings'
+# and ModelSettings' are generated (with_settings).
 @app.command("eap-info")
 @user_errors
 @with_settings(ModelSettings, "model_settings")
+@with_settings(EapSettings, "settings")
 def eap_info(
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
     ] = EMBEDDED_NAME,
     baseline: BaselineOpt = None,
-    family: annotated(EapSettings, "family") = EapSettings.family,
-    n: annotated(EapSettings, "n") = EapSettings.n,
-    seed: annotated(EapSettings, "seed") = EapSettings.seed,
     probe: ProbeOpt = None,
     out: EapOutOpt = Path("results/eap.parquet"),
     plot: PlotOpt = None,
-    use_targets: annotated(EapSettings, "use_targets") = EapSettings.use_targets,
-    max_tokens: annotated(EapSettings, "max_tokens") = EapSettings.max_tokens,
-    max_new_tokens: annotated(EapSettings, "max_new_tokens") = EapSettings.max_new_tokens,
-    batch_size: annotated(EapSettings, "batch_size") = None,
     as_json: JsonOpt = False,
+    settings: EapSettings = EapSettings(),
     model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """Edge attribution statistics of verified answers: intensity, information complexity, kurtosis (SPEC §6).
@@ -68,12 +64,11 @@ def eap_info(
     --baseline, paired differences model - baseline.
     """
     from cdscope.commands.eap_info import eap_outputs, run_eap_info, write_eap_outputs
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
     from cdscope.io import check_plot_path, check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import eap_summary_table
 
-    settings = EapSettings(family, n, seed, use_targets, max_tokens, max_new_tokens, batch_size)
     options = ModelOptions.from_settings(model_settings)
     target = check_writable(out)
     if plot is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,9 +20,10 @@ from cdscope.cli.common import (
     out_console,
     print_json,
     resume_arg,
+    tasks_option,
     user_errors,
 )
-from cdscope.cli.options import annotated, with_settings
+from cdscope.cli.options import with_settings
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
@@ -43,14 +45,7 @@ EvalModelOpt = Annotated[
         "compare models. With --audit and no --model, only the audit runs.",
     ),
 ]
-TasksOpt = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--tasks",
-        help="Task file(s): JSONL, Parquet or a datasets save_to_disk folder, in cdscope's "
-        "format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped eval sets).",
-    ),
-]
+TasksOpt = tasks_option("Task", "eval")
 KOpt = Annotated[str, typer.Option("--k", help="Comma-separated k values for pass@k.")]
 MaxNewTokensOpt = Annotated[
     str | None,
@@ -81,23 +76,18 @@ AuditProbeOpt = Annotated[
 
 
 # A command's parameters are its options (Typer reads them from the signature): the
-# signature is the option list, the body below it stays short.
+# signature is the option list, the body below it stays short. EvalSettings' and
+# ModelSettings' options are generated (with_settings); --k and --max-new-tokens are parsed.
 @app.command("eval")
 @user_errors
 @with_settings(ModelSettings, "model_settings")
-def eval_command(
+@with_settings(EvalSettings, "eval_settings")
+def eval_command(  # size: 16 parameters, each one command-line option (Typer reads the signature)
     model: EvalModelOpt = None,
     tasks: TasksOpt = None,
     task_columns: TaskColumnsOpt = None,
-    n: annotated(EvalSettings, "n") = EvalSettings.n,
     k: KOpt = ",".join(map(str, EvalSettings.ks)),
-    temperature: annotated(EvalSettings, "temperature") = EvalSettings.temperature,
-    top_p: annotated(EvalSettings, "top_p") = EvalSettings.top_p,
     max_new_tokens: MaxNewTokensOpt = None,
-    seed: annotated(EvalSettings, "seed") = EvalSettings.seed,
-    limit: annotated(EvalSettings, "limit") = None,
-    batch_size: annotated(EvalSettings, "batch_size") = None,
-    backend: annotated(EvalSettings, "backend") = EvalSettings.backend,
     hard: HardOpt = None,
     out: OutDirOpt = Path("results/eval"),
     resume: ResumeOpt = False,
@@ -106,9 +96,8 @@ def eval_command(
     audit: AuditOpt = False,
     audit_train: AuditTrainOpt = None,
     audit_probe: AuditProbeOpt = None,
-    timeout: annotated(EvalSettings, "timeout") = EvalSettings.timeout,
-    workers: annotated(EvalSettings, "workers") = EvalSettings.workers,
     as_json: JsonOpt = False,
+    eval_settings: EvalSettings = EvalSettings(),
     model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """Sample n completions per problem, verify them, report unbiased pass@k (SPEC §7).
@@ -119,17 +108,18 @@ def eval_command(
     """
     from cdscope.commands.evaluate import contamination_audit, eval_outputs, read_hard_ids
     from cdscope.commands.requests import EvalRequest
-    from cdscope.output.frames import ModelOptions
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.tasks import default_task_paths, load_tasks
 
     options = ModelOptions.from_settings(model_settings)
     resume_with = resume_arg(resume, recompute)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
     loaded_tasks = load_tasks(task_paths, columns=task_columns)
-    settings = EvalSettings(
-        n, tuple(parse_ks(k)), temperature, top_p, seed, _token_caps(max_new_tokens, loaded_tasks),
-        limit, batch_size, backend, timeout, workers,
-    )  # fmt: skip
+    settings = dataclasses.replace(
+        eval_settings,
+        ks=tuple(parse_ks(k)),
+        max_new_tokens=_token_caps(max_new_tokens, loaded_tasks),
+    )
     run_models = bool(model) or not audit
     request = EvalRequest(
         models_or_embedded(model), loaded_tasks, settings, out, options, resume_with,

@@ -26,7 +26,7 @@ def inspect(
 ) -> None:
     """Discovered layout per layer (module paths, roles), K, proof, eap-info support."""
     from cdscope.commands.inspect import run_inspect
-    from cdscope.output.frames import ModelOptions
+    from cdscope.core.models.opening import ModelOptions
 
     if model_settings.places and model_settings.device == "cpu":  # the default gives way
         model_settings = dataclasses.replace(model_settings, device="auto")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -33,7 +34,7 @@ from cdscope.settings import GradcheckSettings, ModelSettings, ProbeSettings
 @app.command()
 @user_errors
 @with_settings(ModelSettings, "model_settings")
-def probe(
+def probe(  # size: 15 parameters, each one command-line option (Typer reads the signature)
     model: ModelOpt = None,
     seeds: SeedsOpt = 1,
     n: annotated(ProbeSettings, "n") = ProbeSettings.n,
@@ -60,9 +61,9 @@ def probe(
     """
     from cdscope.commands.probe import collect_control
     from cdscope.commands.requests import ProbeRun
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import seed_summary_table
 
     settings = ProbeSettings(
@@ -118,30 +119,27 @@ def _eps_list(text: str) -> tuple[float, ...]:
 @app.command()
 @user_errors
 @with_settings(ModelSettings, "model_settings", attn="eager")  # the exact gradient needs eager
-def gradcheck(
+@with_settings(GradcheckSettings, "swept")
+def gradcheck(  # size: 9 parameters, each one command-line option (Typer reads the signature)
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model (default: the embedded {EMBEDDED_NAME}).")
     ] = EMBEDDED_NAME,
     seeds: SeedsOpt = len(GradcheckSettings.seeds),
-    n: annotated(GradcheckSettings, "n") = GradcheckSettings.n,
     probe: ProbeOpt = None,
-    template: annotated(GradcheckSettings, "template") = GradcheckSettings.template,
     eps: Annotated[
         str, typer.Option("--eps", help="Comma-separated gate steps to sweep.")
     ] = ",".join(f"{e:g}" for e in GradcheckSettings.eps),
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")] = Path(
         "results/gradcheck.parquet"
     ),
-    richardson_sweep: annotated(GradcheckSettings, "richardson_sweep") = False,
-    batch_size: annotated(GradcheckSettings, "batch_size") = None,
     first_seed: Annotated[
         int,
         typer.Option(
             "--first-seed", min=0, max=SEED_MAX, help="Seeds run first-seed .. first-seed+seeds-1."
         ),
     ] = GradcheckSettings.seeds[0],
-    granularity: annotated(GradcheckSettings, "granularity") = GradcheckSettings.granularity,
     as_json: JsonOpt = False,
+    swept: GradcheckSettings = GradcheckSettings(),
     model_settings: ModelSettings = ModelSettings(),
 ) -> None:
     """Fidelity of the first-order CD-RFT gradients against the exact one (SPEC §5).
@@ -152,15 +150,14 @@ def gradcheck(
     relative L2 error against the exact gradient, with wall time of each.
     """
     from cdscope.commands.gradcheck import run_gradcheck
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
     from cdscope.io import check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import gradcheck_table
 
-    settings = GradcheckSettings(
-        tuple(range(first_seed, first_seed + seeds)), n, template, _eps_list(eps),
-        richardson_sweep, batch_size, granularity,
-    )  # fmt: skip
+    settings = dataclasses.replace(
+        swept, seeds=tuple(range(first_seed, first_seed + seeds)), eps=_eps_list(eps)
+    )
     options = ModelOptions.from_settings(model_settings)
     target = check_writable(out)
     pool = load_pool(probe)

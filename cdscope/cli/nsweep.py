@@ -37,7 +37,7 @@ OutOpt = Annotated[
 @app.command()
 @user_errors
 @with_settings(ModelSettings, "model_settings")
-def nsweep(
+def nsweep(  # size: 12 parameters, each one command-line option (Typer reads the signature)
     model: ModelOpt = None,
     seeds: annotated(NsweepSettings, "seeds") = NsweepSettings.seeds,
     ns: Annotated[
@@ -62,8 +62,8 @@ def nsweep(
     from cdscope.commands.audit import sibling
     from cdscope.commands.nsweep import run_nsweep
     from cdscope.commands.requests import ProbeRequest
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.io import check_plot_path, check_writable
-    from cdscope.output.frames import ModelOptions
     from cdscope.output.render import nsweep_table
 
     sweep = NsweepSettings.parse(seeds, ns)

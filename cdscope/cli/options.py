@@ -10,7 +10,8 @@ dataclass, whichever command shows it:
   was given from one that was not) and its help shows the dataclass default;
 * ``with_settings(cls, param)``: a decorator that appends every option of ``cls`` to a
   command and hands the command one ``cls`` instance as ``param``: the model-options
-  group (``ModelSettings``) that every model-loading command takes this way.
+  group (``ModelSettings``) that every model-loading command takes this way; with
+  ``unset=True`` the dict of the options given (``train``'s ``TrainConfig`` options).
 """
 
 from __future__ import annotations
@@ -81,27 +82,32 @@ def annotated(cls: type, name: str, *, unset: bool = False, **keywords: Any) -> 
     return Annotated[kind, option(cls, name, unset=unset, **keywords)]
 
 
-def parameters(cls: type, **defaults: Any) -> list[inspect.Parameter]:
+def parameters(cls: type, *, unset: bool = False, **defaults: Any) -> list[inspect.Parameter]:
     """One keyword parameter per option of ``cls``, in field order; ``defaults`` replace
-    the dataclass's for this command (``inspect`` loads on the CPU unless told)."""
+    the dataclass's for this command (``inspect`` loads on the CPU unless told); ``unset``:
+    every option defaults to None (``option``'s ``unset``)."""
     out = []
     for spec in option_fields(cls):
-        default = defaults.get(spec.name, _default(spec))
+        default = None if unset else defaults.get(spec.name, _default(spec))
         out.append(
             inspect.Parameter(
                 spec.name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=default,
-                annotation=annotated(cls, spec.name),
+                annotation=annotated(cls, spec.name, unset=unset),
             )
         )
     return out
 
 
-def with_settings(cls: type, param: str, **defaults: Any) -> Callable[[F], F]:
+def with_settings(
+    cls: type, param: str, *, unset: bool = False, **defaults: Any
+) -> Callable[[F], F]:
     """Append the options of ``cls`` to a command and call it with ``param=cls(...)`` built
-    from them (``defaults``: this command's own defaults, also ``cls(**defaults)``)."""
-    added = parameters(cls, **defaults)
+    from them (``defaults``: this command's own defaults, also ``cls(**defaults)``).
+    ``unset``: every option defaults to None and ``param`` is the dict of the options given
+    (``train``: a preset or the dataclass fills the rest)."""
+    added = parameters(cls, unset=unset, **defaults)
     names = [p.name for p in added]
 
     def decorate(func: F) -> F:
@@ -113,13 +119,17 @@ def with_settings(cls: type, param: str, **defaults: Any) -> Callable[[F], F]:
 
         @functools.wraps(func)
         def command(**values: object) -> object:
-            group = cls(**{name: values.pop(name) for name in names})
-            return func(**values, **{param: group})
+            given = {name: values.pop(name) for name in names}
+            if unset:
+                return func(**values, **{param: {k: v for k, v in given.items() if v is not None}})
+            return func(**values, **{param: cls(**given)})
 
-        command.__signature__ = own.replace(  # type: ignore[attr-defined]
+        signature = own.replace(
             parameters=[p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in kept] + added
         )
-        command.__annotations__ = {}  # the signature above is the whole truth
+        command.__signature__ = signature  # type: ignore[attr-defined]
+        # the signature above is the whole truth; its annotations are evaluated objects
+        command.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
         return command  # type: ignore[return-value]
 
     return decorate

@@ -15,91 +15,49 @@ from cdscope.cli.common import (
     err_console,
     out_console,
     print_json,
+    tasks_option,
     user_errors,
 )
-from cdscope.cli.options import option
+from cdscope.cli.options import with_settings
 from cdscope.messages import wrote
-from cdscope.settings.training import TrainConfig, cli_fields
+from cdscope.settings.training import TrainConfig
+
+OutDirOpt = Annotated[Path, typer.Option("--out-dir", "-o", help="Run folder.")]
+ResumeRunOpt = Annotated[
+    bool, typer.Option("--resume", help="Continue the run in --out-dir from its latest checkpoint.")
+]
+TrainTasksOpt = tasks_option("Training task", "train")
+PresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--preset", help="reference (SPEC §5 defaults) | cpu-smoke (a few minutes on CPU)."
+    ),
+]
+TrlArgOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trl-arg",
+        help="KEY=VALUE passed to TRL's GRPOConfig with --backend trl (repeatable), "
+        "e.g. use_vllm=true, vllm_mode=server.",
+    ),
+]
 
 
-def _opt(name: str) -> Any:
-    """The option of TrainConfig field ``name``: unset by default (the preset or the
-    dataclass decides), its help showing the dataclass default."""
-    return option(TrainConfig, name, unset=True)
-
-
-_FIELDS = {f.name: f for f in cli_fields()}
-Str = str | None
-Int = int | None
-Float = float | None
-
-
-# A command's parameters are its options (Typer reads them from the signature).
+# The TrainConfig options are generated (``with_settings``, unset: the preset or the
+# dataclass decides what is not given); the parameters below are train's own options.
 @app.command("train")
 @user_errors
-def train_command(
-    model: Annotated[Str, _opt("model")] = None,
-    revision: Annotated[Str, _opt("revision")] = None,
-    trust_remote_code: Annotated[bool | None, _opt("trust_remote_code")] = None,
-    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Run folder.")] = Path(
-        "runs/train"
-    ),
-    steps: Annotated[Int, _opt("steps")] = None,
-    prompts_per_step: Annotated[Int, _opt("prompts_per_step")] = None,
-    group_size: Annotated[Int, _opt("group_size")] = None,
-    max_new_tokens: Annotated[Int, _opt("max_new_tokens")] = None,
-    temperature: Annotated[Float, _opt("temperature")] = None,
-    lr: Annotated[Float, _opt("lr")] = None,
-    beta: Annotated[Float, _opt("beta")] = None,
-    regularizer: Annotated[Str, _opt("regularizer")] = None,
-    lam: Annotated[Float, _opt("lam")] = None,
-    tau: Annotated[Float, _opt("tau")] = None,
-    k_max: Annotated[Int, _opt("k_max")] = None,
-    eta_proj: Annotated[Float, _opt("eta_proj")] = None,
-    eps: Annotated[Float, _opt("eps")] = None,
-    estimator: Annotated[Str, _opt("estimator")] = None,
-    granularity: Annotated[Str, _opt("granularity")] = None,
-    probe_n: Annotated[Int, _opt("probe_n")] = None,
+@with_settings(TrainConfig, "explicit", unset=True)
+def train_command(  # size: 9 parameters, each one command-line option (Typer reads the signature)
+    out_dir: OutDirOpt = Path("runs/train"),
     probe: ProbeOpt = None,
-    template: Annotated[Str, _opt("template")] = None,
-    seed: Annotated[Int, _opt("seed")] = None,
-    save_every: Annotated[Int, _opt("save_every")] = None,
-    micro_batch_size: Annotated[Int, _opt("micro_batch_size")] = None,
-    resume: Annotated[
-        bool,
-        typer.Option("--resume", help="Continue the run in --out-dir from its latest checkpoint."),
-    ] = False,
-    tasks: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--tasks",
-            help="Training task file(s): JSONL, Parquet or a datasets save_to_disk folder, in "
-            "cdscope's format or GSM8K / MATH / HumanEval / MBPP columns (default: the shipped "
-            "train sets).",
-        ),
-    ] = None,
+    resume: ResumeRunOpt = False,
+    tasks: TrainTasksOpt = None,
     task_columns: TaskColumnsOpt = None,
-    preset: Annotated[
-        str | None,
-        typer.Option(
-            "--preset", help="reference (SPEC §5 defaults) | cpu-smoke (a few minutes on CPU)."
-        ),
-    ] = None,
-    backend: Annotated[Str, _opt("backend")] = None,
-    sharding: Annotated[Str, _opt("sharding")] = None,
-    activation_checkpointing: Annotated[bool | None, _opt("activation_checkpointing")] = None,
-    report_to: Annotated[Str, _opt("report_to")] = None,
-    trl_arg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--trl-arg",
-            help="KEY=VALUE passed to TRL's GRPOConfig with --backend trl (repeatable), "
-            "e.g. use_vllm=true, vllm_mode=server.",
-        ),
-    ] = None,
-    device: Annotated[Str, _opt("device")] = None,
-    dtype: Annotated[Str, _opt("dtype")] = None,
+    preset: PresetOpt = None,
+    trl_arg: TrlArgOpt = None,
     as_json: JsonOpt = False,
+    explicit: dict[str, Any] | None = None,
 ) -> None:
     """GRPO post-training, with (cdrft) or without (none) the CD-RFT regulariser (SPEC §5).
 
@@ -113,10 +71,7 @@ def train_command(
     from cdscope.commands.train import run_train
     from cdscope.tasks.readers import with_mapping
 
-    given = locals()
-    explicit: dict[str, Any] = {
-        name: given[name] for name in _FIELDS if given[name] is not None
-    }  # unset options keep the preset's or TrainConfig's default
+    explicit = dict(explicit or {})  # the TrainConfig options given
     explicit.update(
         out_dir=str(out_dir),
         tasks=tuple(with_mapping(p, task_columns) for p in tasks or ()),

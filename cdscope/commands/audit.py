@@ -275,7 +275,7 @@ def convergence_frame(probe_frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
 
 
-def summarize(per_seed: pd.DataFrame) -> pd.DataFrame:
+def summarize_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
     """Mean ± SE over seeds per (model, measure) (SPEC §4)."""
     rows = []
     for key, group in _measure_groups(per_seed, ["model"]):
@@ -370,7 +370,7 @@ def evaluate_audit(
     notes = sorted(set(notes))
     for note in notes:
         warn(console, note, "note:")
-    summary = summarize(per_seed)
+    summary = summarize_seeds(per_seed)
     paired = paired_against_reference(per_seed, models, refused.skip, audit.detect / 100)
     convergence = convergence_frame(probe_frame)
     if refused.skipped:

@@ -45,17 +45,17 @@ from cdscope.core.eap import (
     edge_scores,
     edge_statistics,
 )
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.generation import finite_logits
 from cdscope.core.models import LoadedModel
-from cdscope.core.models.adapters import architecture_of, position_limit
+from cdscope.core.models.architecture import architecture_of, position_limit
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbeItem, ProbePool, draw_probe
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import run_metadata
 from cdscope.messages import make_console, progress_bar
-from cdscope.output.frames import ModelOptions
 from cdscope.settings import EapSettings
 from cdscope.tasks.answers import find_final_answer
 from cdscope.tasks.format import is_code_kind, probe_verifier_kind, task_from_probe_item
@@ -79,7 +79,7 @@ def verifiable(item: ProbeItem) -> bool:
     return "answer" in item.extra and kind in VERIFIERS and not is_code_kind(kind)
 
 
-def verify(item: ProbeItem, completion: str) -> str | None:
+def scored_text(item: ProbeItem, completion: str) -> str | None:
     """The text to score (completion up to its answer statement) if correct, else None."""
     found = extract_answer(completion)
     if found is None or not verify_task(task_from_probe_item(item), completion).passed:
@@ -140,7 +140,7 @@ def answer(
         if len(prompt) >= max_tokens:
             counts["too_long"] += 1
             continue
-        scored = verify(item, _generate(loaded, prompt, settings.max_new_tokens))
+        scored = scored_text(item, _generate(loaded, prompt, settings.max_new_tokens))
         if scored is None or not scored.strip():
             counts["incorrect"] += 1
             continue

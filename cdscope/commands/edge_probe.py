@@ -30,8 +30,9 @@ from cdscope.analysis.spectral import cumulative_mass, participation_ratio
 from cdscope.commands.probe import collect_control
 from cdscope.commands.requests import ProbeRun
 from cdscope.core.models import LoadedModel
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbePool
-from cdscope.output.frames import ModelOptions, ProbeSettings, control_matrices
+from cdscope.output.frames import ProbeSettings, control_matrices
 from cdscope.output.plots_edges import plot_edge_concentration
 from cdscope.settings.names import EDGE
 

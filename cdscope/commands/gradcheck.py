@@ -18,8 +18,9 @@ from rich.progress import Progress
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.batch import encode_probe, rows_per_forward
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import LoadedModel
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.core.regularizer import exact_grad, fidelity, regularizer_grad
@@ -28,14 +29,14 @@ from cdscope.fileset import FileSet, partial_path
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
-from cdscope.output.frames import ModelOptions, describe_seeds
+from cdscope.output.frames import describe_seeds
 from cdscope.settings import (
     DEFAULT_EPS,
     DEFAULT_ESTIMATOR,
     GradcheckSettings,
 )
 
-COLUMNS = [
+GRADCHECK_COLUMNS = [
     "model",
     "seed",
     "estimator",
@@ -95,10 +96,10 @@ def run_gradcheck(
         task = progress.add_task("gradcheck", total=len(settings.seeds) * (1 + len(variants)))
         for seed in settings.seeds:
             rows += sweep.seed(gm, seed, progress, task)
-            write_parquet(pd.DataFrame(rows, columns=COLUMNS), partial_path(out), metadata)
-        outputs.write_parquet(pd.DataFrame(rows, columns=COLUMNS), out, metadata)
+            write_parquet(pd.DataFrame(rows, columns=GRADCHECK_COLUMNS), partial_path(out), metadata)
+        outputs.write_parquet(pd.DataFrame(rows, columns=GRADCHECK_COLUMNS), out, metadata)
         outputs.remove_on_commit(partial_path(out))
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=GRADCHECK_COLUMNS)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 from cdscope.core.eap_graph import eap_support_and_plan
-from cdscope.core.models.adapters import Architecture, architecture_of
+from cdscope.core.models.architecture import Architecture, architecture_of
 from cdscope.core.models.loading import LoadedModel
-from cdscope.output.frames import ModelOptions
+from cdscope.core.models.opening import ModelOptions
 from cdscope.settings.names import SUBLAYER
 
 

@@ -46,12 +46,13 @@ from cdscope.commands.workflow import (
     record_drawn,
     result_frame,
 )
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbePool
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet, partial_path
 from cdscope.io import write_parquet
 from cdscope.messages import dim
-from cdscope.output.frames import FRAME_COLUMNS, ModelOptions, ProbeSettings
+from cdscope.output.frames import FRAME_COLUMNS, ProbeSettings
 from cdscope.output.resume import ResumeState, resume_state
 
 

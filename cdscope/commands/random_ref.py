@@ -18,7 +18,7 @@ from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet
 from cdscope.io import check_plot_path, check_writable, run_metadata
 from cdscope.settings import RandomRefSettings
-from cdscope.settings.names import EDGE, SUBLAYER
+from cdscope.settings.names import SUBLAYER
 
 MAX_ELEMENTS = 1 << 22  # M x max(M, K) of one random-ref trial (32 MiB of float64)
 ROUNDING = 0.0005  # half the 0.1 % step of the tables: how far a typed --value may undercut 1/M
@@ -144,21 +144,18 @@ def gate_count(model: object, granularity: str = SUBLAYER) -> int:
     at sublayer, the residual writes of its proven architecture description (discovered
     from its forward, not ``2 x layers``: hybrids and MoE blocks differ); finer, the gates of
     ``GatedModel``'s gate set; at edge, the edges of its EAP graph."""
-    from cdscope.core.eap_graph import edge_graph
-    from cdscope.core.gates import GatedModel
+    from cdscope.core.gating.registry import gates_for
     from cdscope.settings import ProbeSettings
 
     ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity
-    if granularity == EDGE:
-        return edge_graph(model).E
-    return GatedModel(model, granularity=granularity).gate_set.K
+    return gates_for(model, granularity).K
 
 
 def model_gate_count(spec: str, granularity: str = SUBLAYER) -> int:
     """``gate_count`` of the model ``spec`` names, loaded on the CPU (the model stack loads
     only when asked for)."""
-    from cdscope.core.models.loading import load_model
+    from cdscope.core.models.opening import ModelOptions
     from cdscope.settings import ProbeSettings
 
     ProbeSettings((0,), granularity=granularity)  # refused before the load
-    return gate_count(load_model(spec, device="cpu").model, granularity)
+    return gate_count(ModelOptions(device="cpu").load(spec).model, granularity)

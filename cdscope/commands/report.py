@@ -35,7 +35,7 @@ TRAIN_FILE = "log.parquet"
 
 
 @dataclass
-class Verdict:
+class FailAboveVerdict:
     """``--fail-above``: the threshold (percent), where it came from, the models above it."""
 
     threshold: float
@@ -53,7 +53,7 @@ class RunOutput:
     metadata: dict
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     audit: AuditResult | None = None
-    verdict: Verdict | None = None
+    verdict: FailAboveVerdict | None = None
 
 
 def _base_of(path: Path) -> Path:
@@ -151,7 +151,7 @@ def find_output(path: Path) -> RunOutput:
     )
 
 
-def verdict_of(run: RunOutput, fail_above: float | None) -> Verdict | None:
+def verdict_of(run: RunOutput, fail_above: float | None) -> FailAboveVerdict | None:
     """``--fail-above`` on an audit: this command's threshold, else the run's own."""
     if run.audit is None:
         return None
@@ -162,7 +162,7 @@ def verdict_of(run: RunOutput, fail_above: float | None) -> Verdict | None:
         return None
     spec = AUDITS[run.audit.command]
     failed = exceeding(run.audit.summary, float(threshold), spec.gated)
-    return Verdict(float(threshold), source, failed, spec.gated_label)
+    return FailAboveVerdict(float(threshold), source, failed, spec.gated_label)
 
 
 def section(run: RunOutput) -> str:

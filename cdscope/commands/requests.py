@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdscope.core.models import LoadedModel
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbePool
-from cdscope.output.frames import ModelOptions
 from cdscope.settings import EvalSettings, ProbeSettings
 
 

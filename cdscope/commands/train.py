@@ -72,15 +72,15 @@ def training_dtype(dtype: str) -> str:
 def _policy(cfg: TrainConfig, model: Any, tokenizer: Any, console: Console | None) -> Any:
     """The model to train: ``cfg.model`` loaded in the training dtype (under a launcher,
     the TRL backend's, each rank on its own GPU), or the caller's ``model`` as it is."""
-    from cdscope.core.models import LoadedModel, load_model
+    from cdscope.core.models.opening import ModelOptions, open_model
 
     if model is None:
-        return load_model(
-            cfg.model, rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn, console=console,
+        options = ModelOptions(
+            rank_device(cfg.device), training_dtype(cfg.dtype), cfg.attn,
             revision=cfg.revision, trust_remote_code=cfg.trust_remote_code,
         )  # fmt: skip
-    device = next(model.parameters()).device
-    return LoadedModel(model, tokenizer, cfg.model, "in-memory", "in-memory", device, model.dtype)
+        return open_model(cfg.model, options=options, console=console)
+    return open_model(model, tokenizer, name=cfg.model)
 
 
 def prepare(
@@ -92,8 +92,9 @@ def prepare(
 ) -> TrainInputs:
     """Validate ``cfg`` and build everything the loop needs.
 
-    ``model`` / ``tokenizer`` (both or neither) skip ``load_model`` — for tests and for
-    callers that already hold a model; ``reward_fn`` replaces the verifier rewards.
+    ``model`` / ``tokenizer`` (both or neither) are wrapped, not loaded (``open_model``) —
+    for tests and for callers that already hold a model; ``reward_fn`` replaces the
+    verifier rewards.
     """
     import torch
 

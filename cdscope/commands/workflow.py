@@ -10,7 +10,6 @@ models with ``model_record``. ``--resume`` is ``cdscope.output.resume``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -18,18 +17,18 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.core.batch import encode_probe, rows_per_forward
-from cdscope.core.control import ControlResult, control_autograd, control_finite_difference
-from cdscope.core.edge_control import EDGE_COLUMNS, EdgeGateSet, control_edges
-from cdscope.core.gate_sites import GateSet
-from cdscope.core.gates import GatedModel
+from cdscope.core.control import ControlResult
+from cdscope.core.gating.registry import Gates, gates_for
+from cdscope.core.gating.vocabulary import GateSet
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.loading import experts_in_use
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata
 from cdscope.messages import warn
-from cdscope.output.frames import ModelOptions, ProbeSettings, describe_seeds
+from cdscope.output.frames import ProbeSettings, describe_seeds
 from cdscope.settings.names import SUBLAYER
 
 
@@ -48,23 +47,21 @@ def distinct_models(names: Sequence[str]) -> None:
         seen[key] = name
 
 
-def gated(loaded: LoadedModel, settings: ProbeSettings) -> AbstractContextManager:
-    """The gates a probe at ``settings.granularity`` measures through: a ``GatedModel``, or
-    nothing at edge granularity (``cdscope.core.edge_control`` hooks the model itself)."""
-    if settings.granularity == "edge":
-        return nullcontext(None)
-    return GatedModel(loaded.model, granularity=settings.granularity)
+def gated(loaded: LoadedModel, settings: ProbeSettings) -> Gates:
+    """The gates a probe at ``settings.granularity`` measures through
+    (``cdscope.core.gating.registry``; enter them around the measurements)."""
+    return gates_for(loaded.model, settings.granularity)
 
 
 def measure_seed(
     loaded: LoadedModel,
-    gm: GatedModel | None,
+    gates: Gates,
     pool: ProbePool,
     seed: int,
     settings: ProbeSettings,
 ) -> ControlResult:
-    """One probe seed on one model: draw, encode, estimate (non-finite values refused).
-    ``gm`` is the context of ``gated`` (None at edge granularity)."""
+    """One probe seed on one model: draw, encode, estimate through ``gates`` (entered, from
+    ``gated``); non-finite values refused."""
     items = draw_probe(pool, seed, settings.n)
     pad_id = getattr(loaded.tokenizer, "pad_token_id", None) or 0
     batch = encode_probe(items, loaded.tokenizer, settings.template, pad_id=pad_id).to(
@@ -74,11 +71,7 @@ def measure_seed(
     # batch on the embedded model). GPU default: the whole probe in one batch.
     batch_size = rows_per_forward(settings.batch_size, loaded.device)
     try:
-        if gm is None:
-            return control_edges(loaded.model, batch, batch_size)
-        if settings.estimator == "autograd":
-            return control_autograd(gm, batch, batch_size)
-        return control_finite_difference(gm, batch, settings.fd_step, batch_size and 8 * batch_size)
+        return gates.control(batch, settings, batch_size)
     except NonFinite as exc:
         raise exc.at(f"at seed {seed} of model {loaded.name!r}") from None
 
@@ -117,14 +110,7 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
     edge granularity also each edge's ``upstream``, ``downstream`` node and ``path``."""
     M, K = result.dl_dg.shape  # noqa: N806
     gates = result.gate_set
-    edges = {}
-    if isinstance(gates, EdgeGateSet):
-        edges = {
-            column: np.tile(values, M)
-            for column, values in zip(
-                EDGE_COLUMNS, (gates.upstream, gates.downstream, gates.paths), strict=True
-            )
-        }
+    extra = {column: np.tile(values, M) for column, values in gates.frame_columns.items()}
     return pd.DataFrame(
         {
             "model": model,
@@ -140,7 +126,7 @@ def result_frame(model: str, seed: int, result: ControlResult) -> pd.DataFrame:
             "ell": np.repeat(result.ell, K),
             "dropped": np.repeat(~result.kept, K),
             **_sample_lists(result),
-            **edges,
+            **extra,
         }
     )
 

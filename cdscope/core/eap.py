@@ -3,7 +3,7 @@
 Graph (``cdscope.core.eap_graph``, built from the same architecture description as the gates).
 An ordinary decoder with L layers has the nodes ``emb`` (the residual stream's initial
 state h_0, the first block's input), ``attn{l}`` and ``mlp{l}`` (their residual writes:
-the very modules the gates of ``cdscope.core.gates`` multiply) and ``logits``; MoE blocks
+the very modules the gates of ``cdscope.core.gating.model`` multiply) and ``logits``; MoE blocks
 give ``moe{l}`` nodes, SSM / linear-attention / convolution mixers ``mixer{l}`` nodes,
 parallel-residual blocks read their block input. In topological order emb = 0,
 attn{l} = 2l + 1, mlp{l} = 2l + 2, logits = 2L + 1, and every node reads the residual
@@ -75,7 +75,7 @@ from cdscope.core.batch import ProbeBatch, row_chunks
 from cdscope.core.control import frozen_parameters
 from cdscope.core.eap_graph import PATHS, EdgeGraph, eap_plan, eap_support, edge_count
 from cdscope.core.likelihood import row_target_logprobs
-from cdscope.core.models.adapters import architecture_of
+from cdscope.core.models.architecture import architecture_of
 from cdscope.core.models.discovery import input_tensor
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from cdscope.core.eap_layout import fused_columns
-from cdscope.core.models.adapters import Architecture, Write, architecture_of
+from cdscope.core.models.architecture import Architecture, Write, architecture_of
 from cdscope.errors import CdscopeError
 
 PATHS = ("q", "k", "v")

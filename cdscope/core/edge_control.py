@@ -25,15 +25,13 @@ outgoing edge of u): the family mean of the mean over target-predicting position
 ||a_u[t]||_2 (SPEC §2); the ``emb`` node's a_u is h_0.
 
 Gate set. Edge e is ``GateUnit(index=e, layer=<layer of v; L for the logits>,
-sublayer="edge", unit=e)`` in an ``EdgeGateSet`` (granularity ``"edge"``) that also
-records each edge's ``(upstream, downstream, path)``; the result is an ordinary
-``ControlResult``, so the spectral measures (M x M Gram, never K x K) and the probe
+sublayer="edge", unit=e)`` in an ``EdgeGateSet`` (granularity ``"edge"``,
+``cdscope.core.gating.edge``) that also records each edge's ``(upstream, downstream, path)``;
+the result is an ordinary ``ControlResult``, so the spectral measures (M x M Gram, never K x K) and the probe
 frame work unchanged.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -41,44 +39,8 @@ from torch import nn
 from cdscope.core.batch import ProbeBatch, mean_at_predicting_positions, row_chunks
 from cdscope.core.control import ControlResult, frozen_parameters
 from cdscope.core.eap import EdgeHooks, edge_products
-from cdscope.core.eap_graph import EdgeGraph
-from cdscope.core.gate_sites import GateSet, GateUnit
+from cdscope.core.gating.edge import edge_gate_set
 from cdscope.core.likelihood import row_target_logprobs
-from cdscope.core.models.adapters import Architecture
-
-GRANULARITY = "edge"
-
-
-#: the long frame's extra columns at edge granularity (``EdgeGateSet`` per edge)
-EDGE_COLUMNS = ("upstream", "downstream", "path")
-
-
-@dataclass(frozen=True)
-class EdgeGateSet(GateSet):
-    """A gate set whose units are edges; ``edges[e]`` is ``(upstream, downstream, path)``."""
-
-    edges: tuple[tuple[str, str, str], ...] = ()
-
-    @property
-    def upstream(self) -> list[str]:
-        return [u for u, _, _ in self.edges]
-
-    @property
-    def downstream(self) -> list[str]:
-        return [v for _, v, _ in self.edges]
-
-    @property
-    def paths(self) -> list[str]:
-        return [p for _, _, p in self.edges]
-
-
-def edge_gate_set(graph: EdgeGraph, arch: Architecture) -> EdgeGateSet:
-    """One gate per edge of ``graph``, in edge order; ``layer`` is the downstream node's."""
-    layer_of = {node: w.layer for node, w in zip(graph.upstream[1:], arch.writes, strict=True)}
-    layer_of["logits"] = arch.num_layers
-    edges = tuple(graph.edges())
-    units = tuple(GateUnit(e, layer_of[v], GRANULARITY, e) for e, (_, v, _) in enumerate(edges))
-    return EdgeGateSet(units, GRANULARITY, edges)
 
 
 def control_edges(

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cdscope.core.models.adapters import check_fits
+from cdscope.core.models.architecture import check_fits
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite

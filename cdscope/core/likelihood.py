@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from cdscope.core.batch import ProbeBatch
-from cdscope.core.models.adapters import architecture_of, check_fits
+from cdscope.core.models.architecture import architecture_of, check_fits
 from cdscope.core.models.head import backbone, output_logits
 from cdscope.distributed import is_sharded
 

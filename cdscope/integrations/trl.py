@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.distributed import launch_env, process_group
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.io import read_parquet, write_parquet
@@ -224,7 +224,7 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         use_cpu=device == "cpu",
         bf16=False,
         # --activation-checkpointing: transformers' non-reentrant checkpointing (TRL's
-        # default is on); the gates stay set through every probe backward (core/gates.py)
+        # default is on); the gates stay set through every probe backward (core/gating/model.py)
         gradient_checkpointing=cfg.activation_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False},
         disable_tqdm=True,

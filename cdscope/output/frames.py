@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -18,12 +16,8 @@ from cdscope.analysis.uncertainty import FamilySamples
 
 # ProbeSettings lives in cdscope.settings (light: the CLI reads its defaults without numpy);
 # bound here too because the Python API and older code import it from this module
-from cdscope.settings import ModelSettings, ProbeSettings  # noqa: F401
+from cdscope.settings import ProbeSettings  # noqa: F401
 from cdscope.settings.names import SUBLAYER
-
-if TYPE_CHECKING:  # the model stack is not imported by readers of probe files
-    from cdscope.core.models.loading import LoadedModel
-    from cdscope.core.models.placement import Placement
 
 FRAME_COLUMNS = [
     "model",
@@ -57,50 +51,6 @@ def describe_seeds(seeds: Sequence[int]) -> str:
         return f"{seeds[0]}..{seeds[-1]}"
     digest = hashlib.sha256(",".join(map(str, seeds)).encode()).hexdigest()[:16]
     return f"{len(seeds)} seeds, sha256:{digest}"
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """How to load each model (``cdscope.core.models.load_model``'s keyword arguments): one
-    device, or spread by a ``Placement`` (device map). Defaults: ``ModelSettings``'."""
-
-    device: str = ModelSettings.device
-    dtype: str = ModelSettings.dtype
-    attn: str = ModelSettings.attn
-    placement: Placement | None = None
-    revision: str | None = None  # hub branch / tag / commit (hub ids only)
-    trust_remote_code: bool = False  # run the model repository's own code (hub/local dirs)
-
-    @classmethod
-    def from_settings(cls, settings: ModelSettings) -> ModelOptions:
-        """The options as typed (``ModelSettings``), the placement parsed and checked
-        before any load."""
-        placement = None
-        if settings.places:
-            from cdscope.core.models.placement import Placement
-
-            placement = Placement.from_options(
-                settings.device_map, settings.max_memory, settings.offload_dir
-            )
-        return cls(
-            settings.device, settings.dtype, settings.attn, placement,
-            revision=settings.revision, trust_remote_code=settings.trust_remote_code,
-        )  # fmt: skip
-
-    def load_kwargs(self) -> dict:
-        return {
-            "device": self.device,
-            "dtype": self.dtype,
-            "attn": self.attn,
-            "placement": self.placement,
-            "revision": self.revision,
-            "trust_remote_code": self.trust_remote_code,
-        }
-
-    def load(self, spec: str, console: object | None = None) -> LoadedModel:
-        from cdscope.core.models import load_model
-
-        return load_model(spec, console=console, **self.load_kwargs())
 
 
 def control_matrices(

@@ -36,11 +36,11 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
+from cdscope.core.models.opening import ModelOptions
 from cdscope.errors import CdscopeError
 from cdscope.fileset import partial_path
 from cdscope.io import read_parquet
 from cdscope.messages import dim, warn
-from cdscope.output.frames import ModelOptions
 
 RESUME_MODES = ("keep", "recompute")
 #: run metadata that decides every number: (key, what the message calls it)

@@ -1,6 +1,6 @@
 """How a measuring command loads each model: the one model-options group that every
 model-loading command (probe, bshared, acg, decompose, nsweep, gradcheck, eval, eap-info,
-inspect) takes, as typed. ``cdscope.output.frames.ModelOptions.from_settings`` parses the
+inspect) takes, as typed. ``cdscope.core.models.opening.ModelOptions.from_settings`` parses the
 placement (``--device-map`` / ``--max-memory`` / ``--offload-dir``) before any load.
 """
 

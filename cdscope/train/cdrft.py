@@ -32,7 +32,7 @@ from torch import nn
 from cdscope.analysis.spectral import b_shared, moment_ratio
 from cdscope.core.batch import ProbeBatch, encode_probe
 from cdscope.core.control import ControlResult, control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.probes import ProbePool, draw_probe
 from cdscope.core.regularizer import GradResult, regularizer_grad
 from cdscope.errors import CdscopeError

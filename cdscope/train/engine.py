@@ -6,7 +6,7 @@ forward of every decoder block runs under ``torch.utils.checkpoint`` with
 the backward. Only the block's ``forward`` is wrapped (as transformers does): hooks on the
 block itself (FSDP2's all-gather) stay outside the recomputation, hooks on its submodules
 (cdscope's gates) run again inside it. So the gates must still be set while the backward
-runs: every estimator takes its backward inside ``GatedModel.gating`` (core/gates.py), and
+runs: every estimator takes its backward inside ``GatedModel.gating`` (core/gating/model.py), and
 the recomputed gated forward is the forward it replaces, bit for bit. Reentrant
 checkpointing cannot give ``autograd.grad`` w.r.t. the gates and silently corrupts the
 folded gradient; ``GatedModel.gating`` refuses it. Nothing happens under ``no_grad``
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cdscope.core.models.adapters import architecture_of
+from cdscope.core.models.architecture import architecture_of
 from cdscope.distributed import held_unsharded, is_sharded
 from cdscope.errors import CdscopeError
 

@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.generation import sample
 from cdscope.errors import CdscopeError
 from cdscope.io import write_parquet

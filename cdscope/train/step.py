@@ -45,7 +45,7 @@ from typing import Any
 from torch import nn
 
 from cdscope.core.batch import ProbeBatch, rows_per_forward
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.grad_sink import require_reached
 from cdscope.core.models.placement import execution_device
 from cdscope.distributed import int_from_rank_zero, joined_world_size, tensors_from_rank_zero

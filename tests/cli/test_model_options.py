@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cdscope.cli import app
+from cdscope.core.models.opening import ModelOptions
 from cdscope.errors import CdscopeError
-from cdscope.output.frames import ModelOptions
 from cdscope.settings import ModelSettings, option_fields
 
 runner = CliRunner()

@@ -8,7 +8,7 @@ import torch
 
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import EPS0, ControlResult, control_autograd, control_finite_difference
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.probes import draw_probe, load_pool

@@ -347,7 +347,7 @@ def test_edge_statistics_match_their_definitions() -> None:
 
 # -- the stand-in verifier -----------------------------------------------------------
 def test_answer_extraction_and_verification() -> None:
-    from cdscope.commands.eap_info import extract_answer, verifiable, verify
+    from cdscope.commands.eap_info import extract_answer, scored_text, verifiable
     from cdscope.core.probes import ProbeItem
 
     math = ProbeItem("m/1", "math", "q", "t", extra={"answer": "-7", "verifier": "math"})
@@ -360,9 +360,9 @@ def test_answer_extraction_and_verification() -> None:
     assert extract_answer("no statement here") is None
     text = "Computing 1 - 8 = -7.\nThe answer is -7.\nQuestion: more text"
     assert extract_answer(text) == ("-7", "Computing 1 - 8 = -7.\nThe answer is -7.")
-    assert verify(math, text) == "Computing 1 - 8 = -7.\nThe answer is -7."
-    assert verify(math, "the answer is  -7") == "the answer is  -7"
-    assert verify(math, "The answer is 7.") is None
-    assert verify(math, "The answer is 3.5.\n") is None
+    assert scored_text(math, text) == "Computing 1 - 8 = -7.\nThe answer is -7."
+    assert scored_text(math, "the answer is  -7") == "the answer is  -7"
+    assert scored_text(math, "The answer is 7.") is None
+    assert scored_text(math, "The answer is 3.5.\n") is None
     assert extract_answer("The answer is 3.5.\n")[0] == "3.5"
-    assert verify(logic, "So: The answer is luke is an altruist,  and Emily is an EGOIST.")
+    assert scored_text(logic, "So: The answer is luke is an altruist,  and Emily is an EGOIST.")

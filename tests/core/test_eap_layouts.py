@@ -191,7 +191,7 @@ def test_single_paths_match_brute_force(name: str) -> None:
 def test_falcon_attention_reads_its_own_norm_even_when_both_norms_are_equal() -> None:
     """Freshly initialised ln_attn and ln_mlp give equal outputs; the attention reads
     ln_attn's output tensor itself (its storage), so that is its pre-norm, not ln_mlp."""
-    from cdscope.core.models.adapters import architecture_of
+    from cdscope.core.models.architecture import architecture_of
 
     model = _model("falcon-new")
     block = model.transformer.h[0]

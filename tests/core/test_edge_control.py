@@ -19,12 +19,14 @@ from cdscope.commands.edge_probe import edges_for_mass
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd
 from cdscope.core.eap_graph import EdgeGraph, edge_count, edge_graph
-from cdscope.core.edge_control import GRANULARITY, EdgeGateSet, control_edges
-from cdscope.core.gates import GatedModel
+from cdscope.core.edge_control import control_edges
+from cdscope.core.gating.edge import EdgeGateSet
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.errors import CdscopeError
 from cdscope.hooks import HookSet, first_tensor
+from cdscope.settings.names import EDGE as GRANULARITY
 from tests.helpers import byte_tokenizer, gate_gradient, tiny_model, write_pool
 
 ARCHS = ["llama", "gpt2", "qwen2"]
@@ -218,7 +220,7 @@ def test_cumulative_mass_and_edge_counts_against_a_loop() -> None:
 def test_edge_probe_writes_parquet_and_figure(tmp_path) -> None:
     import cdscope
     from cdscope.commands.edge_probe import concentration, edge_probe
-    from cdscope.core.edge_control import EDGE_COLUMNS
+    from cdscope.core.gating.edge import EDGE_COLUMNS
     from cdscope.io import read_parquet
     from cdscope.output.frames import ProbeSettings
 

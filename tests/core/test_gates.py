@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cdscope.core.gates import GatedModel
-from cdscope.core.models.adapters import architecture_of
+from cdscope.core.gating.model import GatedModel
+from cdscope.core.models.architecture import architecture_of
 from cdscope.errors import CdscopeError
 from tests.helpers import ARCHS, VOCAB, tiny_model
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cdscope.cli import app
 from cdscope.core.control import control_autograd, control_finite_difference
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import coverage
 from cdscope.core.models.discovery import run_probe
 from cdscope.errors import CdscopeError

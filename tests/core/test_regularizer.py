@@ -17,7 +17,7 @@ import torch
 from cdscope.analysis.spectral import moment_ratio, moment_ratio_torch
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.probes import draw_probe, load_pool

@@ -30,8 +30,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.helpers
 
 from cdscope.core.batch import encode_probe  # noqa: E402
-from cdscope.core.gates import GatedModel  # noqa: E402
-from cdscope.core.models.adapters import architecture_of  # noqa: E402
+from cdscope.core.gating.model import GatedModel  # noqa: E402
+from cdscope.core.models.architecture import architecture_of  # noqa: E402
 from cdscope.core.probes import draw_probe, load_pool  # noqa: E402
 from cdscope.core.regularizer import regularizer_grad  # noqa: E402
 from cdscope.errors import CdscopeError  # noqa: E402

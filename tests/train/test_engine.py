@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from cdscope.commands.train import run_train
-from cdscope.core import gates as gates_module
 from cdscope.core import grad_sink
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating import model as gates_module
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.core.regularizer import fidelity, regularizer_grad
 from cdscope.errors import CdscopeError

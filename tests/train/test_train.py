@@ -19,12 +19,13 @@ from cdscope.commands.audit_run import run_audit
 from cdscope.commands.requests import ProbeRequest
 from cdscope.commands.train import run_train
 from cdscope.core.control import control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
+from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import load_pool
 from cdscope.core.regularizer import regularizer_grad
 from cdscope.errors import CdscopeError
 from cdscope.io import read_parquet
-from cdscope.output.frames import ModelOptions, ProbeSettings
+from cdscope.output.frames import ProbeSettings
 from cdscope.settings.training import TrainConfig
 from cdscope.train import checkpoint as ckpt
 from cdscope.train import loop

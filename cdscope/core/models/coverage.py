@@ -259,8 +259,8 @@ def fd_agreement(model) -> float:  # noqa: ANN001
     gates (first, middle, last) of ``random_batch``, float64 throughout (the model is
     cast to float64 first: transformers keeps some modules, e.g. MoE routers, in float32)."""
     from cdscope.core.control import control_autograd
-    from cdscope.core.gates import GatedModel
-    from cdscope.core.models.adapters import architecture_of
+    from cdscope.core.gating.model import GatedModel
+    from cdscope.core.models.architecture import architecture_of
     from cdscope.core.models.float64 import float64_throughout
 
     model.to(torch.float64)
@@ -274,7 +274,7 @@ def fd_agreement(model) -> float:  # noqa: ANN001
 def _load_and_prove(directory, dtype: str):  # noqa: ANN001, ANN202
     """The checkpoint loaded by path in ``dtype`` and its proven architecture, or the
     one-line reason it is not proven."""
-    from cdscope.core.models.adapters import architecture_of
+    from cdscope.core.models.architecture import architecture_of
     from cdscope.core.models.loading import load_model
     from cdscope.errors import CdscopeError
 

@@ -38,7 +38,7 @@ def render(rows: list[Row]) -> str:
     """The Markdown page ``docs/architectures.md``."""
     import transformers
 
-    from cdscope.core.models.adapters import ROLES
+    from cdscope.core.models.architecture import ROLES
 
     ok = [r for r in rows if r.status == "supported"]
     moe = [r for r in ok if "moe" in r.roles]

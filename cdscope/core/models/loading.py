@@ -62,7 +62,7 @@ class LoadedModel:
 
     @property
     def num_layers(self) -> int:
-        from cdscope.core.models.adapters import architecture_of
+        from cdscope.core.models.architecture import architecture_of
 
         return architecture_of(self.model).num_layers
 
@@ -110,7 +110,7 @@ def check_dtype_on_device(dtype: torch.dtype, device: torch.device) -> None:
     """Refuse ``dtype`` on ``device`` where torch cannot compute in it: float64 on MPS,
     bfloat16 on a CUDA GPU below compute capability 8.0 (torch would emulate it, slowly
     and not bit for bit) or on MPS before macOS 14. A kernel that lacks the dtype inside
-    one model's forward is reported at the proof (``adapters.architecture_of``)."""
+    one model's forward is reported at the proof (``architecture.architecture_of``)."""
     name = str(dtype).removeprefix("torch.")
     if device.type == "mps" and dtype == torch.float64:
         raise CdscopeError(

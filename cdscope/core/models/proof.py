@@ -2,8 +2,8 @@
 
 Every time a model is gated, after discovery (whose captured forward gave the ungated
 logits) two more short forwards on the same ``PROBE_TOKENS`` tokens, in the model's
-dtype, with the real whole-write gate hooks installed (``cdscope.core.gate_sites.WriteSite``,
-the hooks ``cdscope.core.gates.GatedModel`` installs at sublayer granularity):
+dtype, with the real whole-write gate hooks installed (``cdscope.core.gating.sites.WriteSite``,
+the hooks ``cdscope.core.gating.model.GatedModel`` installs at sublayer granularity):
 
 1. **unit gates**: with g = 1 the logits equal the ungated logits bit for bit;
 2. **write sum** (same forward, writes captured after their gate): for every block and
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cdscope.core.gate_sites import GateState, WriteSite, gate_dtype
+from cdscope.core.gating.sites import WriteSite
+from cdscope.core.gating.vocabulary import GateState, gate_dtype
 from cdscope.core.models import discovery as d
 from cdscope.core.models.head import own_head
 from cdscope.errors import CdscopeError

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from cdscope.core.models import coverage
-from cdscope.core.models.adapters import architecture_of, discover
+from cdscope.core.models.architecture import architecture_of, discover
 from cdscope.core.models.proof import prove
 from cdscope.errors import CdscopeError
 from tests.helpers import NAMED, byte_tokenizer, invoke, tiny_model

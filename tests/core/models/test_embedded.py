@@ -10,7 +10,7 @@ import torch
 
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd, control_finite_difference
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import architecture_of, load_model
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.probes import draw_probe, load_pool
@@ -79,15 +79,15 @@ def test_discovery_and_proof_on_the_embedded_model(embedded) -> None:
     """K = 60 in the old order (attn, mlp per layer) on the modules the table used to name;
     discovery + proof costs a few short forwards (the target, <= 1 s on an idle CPU, is
     measured in the issue report; here bounded by plain 6-token forwards)."""
-    from cdscope.core.models import adapters, discovery
+    from cdscope.core.models import architecture, discovery
 
-    adapters._CACHE.pop(embedded.model, None)
+    architecture._CACHE.pop(embedded.model, None)
     ids = discovery.probe_ids(embedded.model, torch.device("cpu"))
     start = time.perf_counter()
     discovery.run_probe(embedded.model, ids)
     forward = time.perf_counter() - start
     start = time.perf_counter()
-    arch = adapters.architecture_of(embedded.model)
+    arch = architecture.architecture_of(embedded.model)
     elapsed = time.perf_counter() - start
     assert arch.K == 60 and all(arch.roles(layer) == ("attn", "mlp") for layer in range(30))
     assert [w.path for w in arch.writes[:2]] == ["model.layers.0.self_attn", "model.layers.0.mlp"]

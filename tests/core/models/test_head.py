@@ -14,7 +14,7 @@ import torch
 
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models import coverage
-from cdscope.core.models.adapters import architecture_of
+from cdscope.core.models.architecture import architecture_of
 
 #: (model type, config changes, whether cdscope's own head reproduces the model's logits)
 CASES = [

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from cdscope.cli import app
 from cdscope.core.control import control_autograd
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import load_model
 from cdscope.core.models.placement import Placement, execution_device, parse_max_memory
 from cdscope.errors import CdscopeError

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from cdscope.core.control import control_autograd, control_finite_difference
-from cdscope.core.gates import GatedModel
+from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import coverage, discovery, widened
-from cdscope.core.models.adapters import architecture_of
+from cdscope.core.models.architecture import architecture_of
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.models.loading import (
     experts_implementation,
@@ -118,7 +118,7 @@ def test_write_sum_error_is_relative_to_each_elements_own_magnitude() -> None:
 def test_a_wrong_description_is_refused_in_bfloat16_with_the_dtype_named(tmp_path) -> None:
     from dataclasses import replace
 
-    from cdscope.core.models.adapters import discover
+    from cdscope.core.models.architecture import discover
     from cdscope.core.models.proof import prove
 
     directory = _saved("llama", tmp_path / "llama")

@@ -1,6 +1,6 @@
 """The architecture description: where each block writes into the residual stream (SPEC §1).
 
-One description serves the gates (``cdscope.core.gates``), edge attribution (``cdscope.core.eap``)
+One description serves the gates (``cdscope.core.gating.model``), edge attribution (``cdscope.core.eap``)
 and ``cdscope inspect``. For block ``l`` it lists the residual writes in call order,
 
     h_{l+1} = h_l + sum_k s_k * write_{l,k}          (s_k = 1 except residual multipliers)
@@ -13,8 +13,6 @@ the sublayer that read the stream (q/k/v projections, for EAP).
 
 The description is *discovered* from the model's own forward (``cdscope.core.models.discovery``)
 and *proven* on every load (``cdscope.core.models.proof``), not looked up by ``model_type``.
-``OVERRIDES`` holds hand-written write paths only for models where the search cannot
-decide; they are proven like discovered ones.
 """
 
 from __future__ import annotations
@@ -32,9 +30,6 @@ from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
 
 ROLES = ("attn", "mlp", "moe", "mixer")
-
-#: ``model_type`` -> write module paths relative to a block, in call order (see docstring).
-OVERRIDES: dict[str, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -62,7 +57,7 @@ class Architecture:
     num_layers: int
     writes: tuple[Write, ...]
     final_norm: str | None  # module reading the last block's output (the LM head's input)
-    source: str = "discovered"  # or "override"
+    source: str = "discovered"  # how the layout was found (cdscope inspect's source_of_layout)
     proof: object = field(default=None, compare=False)  # cdscope.core.models.proof.ProofResult
 
     @property
@@ -187,7 +182,6 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         trace = d.trace_forward(model, blocks, ids)
         searched = trace.blocks
     search_dtype = widened.search_dtype(dtype)
-    override = OVERRIDES.get(model_type)
     writes: list[Write] = []
     hints: dict[str, tuple[str, ...]] = {}
     for layer, (block, bt) in enumerate(zip(blocks, searched, strict=True)):
@@ -213,7 +207,7 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
             )
         for h in (bt.h_in, bt.h_out):
             overflow_check(model_type, layer, h, dtype)
-        hint = override or hints.get(key)
+        hint = hints.get(key)
         try:
             found = d.solve_block(
                 bt, search_dtype, tuple(prefix + h for h in hint) if hint else None
@@ -230,7 +224,6 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         num_layers=len(blocks),
         writes=tuple(writes),
         final_norm=min(final, key=lambda r: r.order).name if final else None,
-        source="override" if override else "discovered",
     )
     return arch, trace, ids
 
@@ -255,10 +248,6 @@ def architecture_of(model: nn.Module) -> Architecture:
     arch = replace(arch, proof=result)
     _CACHE[model] = arch
     return arch
-
-
-#: kept for callers written against the per-type table
-adapter_for = architecture_of
 
 
 def position_limit(model: nn.Module) -> int | None:

@@ -8,10 +8,10 @@ gate settings per row (families, +/- perturbations). Gate ``k`` of a sublayer ga
 is the position of the write in the model's architecture description (blocks in order,
 writes of a block in call order): ``2*l`` for the attention write of layer ``l`` and
 ``2*l + 1`` for its MLP write in an ordinary decoder (K = 2L); hybrid blocks may have
-other counts and roles (``cdscope.core.models.adapters``).
+other counts and roles (``cdscope.core.models.architecture``).
 
 Mechanism: a forward hook on each write module (discovered and proven at load by
-``cdscope.core.models.adapters.architecture_of``)
+``cdscope.core.models.architecture.architecture_of``)
 multiplies the module's output by ``g[:, k]``. With ``g = 1`` the multiplication is an
 exact floating-point identity, so the gated model reproduces the ungated one bit for bit;
 ``g_k = 0`` removes exactly that write. Both facts are tested in ``tests/core/test_gates.py``.
@@ -23,27 +23,22 @@ the hooks pass outputs through untouched.
 Granularity: a ``GateSet`` maps each gate index to a ``GateUnit`` (layer, sublayer and,
 at finer granularities, a head, expert or neuron index). Estimators only ever see
 ``[B, K]`` tensors and the ``GateSet``. ``GatedModel(model, granularity=...)`` takes the
-name of a granularity (``GRANULARITIES``); the sites of the finer ones (forward pre-hooks
-on output projections and on MoE expert weights) live in ``cdscope.core.gate_units``.
+name of a granularity (``GATE_GRANULARITIES``); its sites come from
+``cdscope.core.gating.units.SITE_BUILDERS`` (forward hooks on whole writes; forward
+pre-hooks on output projections and on MoE expert weights at the finer ones).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import TracebackType
 
 import torch
 from torch import nn
 
-from cdscope.core.gate_sites import (
-    Capture,
-    GateSet,
-    GateState,
-    WriteSite,
-)
-from cdscope.core.gate_units import unit_sites
-from cdscope.core.models.adapters import Architecture, architecture_of
+from cdscope.core.gating.units import SITE_BUILDERS
+from cdscope.core.gating.vocabulary import Capture, GateSet, GateSite, GateState
+from cdscope.core.models.architecture import Architecture, architecture_of
 from cdscope.errors import CdscopeError
 from cdscope.hooks import HookSet
 from cdscope.settings.names import GATE_GRANULARITIES, SUBLAYER
@@ -71,13 +66,7 @@ class GatedModel:
             )
         self.model = model
         self.architecture = architecture or architecture_of(model)  # discovered + proven
-        writes = self.architecture.write_modules(model)
-        if granularity == SUBLAYER:
-            self._sites: list = [
-                WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)
-            ]
-        else:
-            self._sites = unit_sites(model, self.architecture, granularity)
+        self._sites: list[GateSite] = SITE_BUILDERS[granularity](model, self.architecture)
         self.gate_set = GateSet(tuple(u for site in self._sites for u in site.units), granularity)
         self._hooks = HookSet("GatedModel")
         self.state = GateState()
@@ -89,12 +78,7 @@ class GatedModel:
         )
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._hooks.remove()
         self.state = GateState()
 

@@ -34,176 +34,29 @@ forward (post-norm writes, whose output is not linear in the units, are refused)
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
-from cdscope.core.gate_sites import (
-    GateState,
-    GateUnit,
-    WriteSite,
-    gate_columns,
-    per_row,
-    rows_first,
-)
+from cdscope.core.gating.sites import EXPERT_ARGS, ExpertSite, SliceSite, WriteSite, out_in_weight
+from cdscope.core.gating.vocabulary import GateSite
 from cdscope.core.models import discovery as d
-from cdscope.core.models.adapters import Architecture, Write
+from cdscope.core.models.architecture import Architecture, Write
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
+from cdscope.settings.names import SUBLAYER
 
-#: granularity -> {write role: how its writes are split}; roles not named keep one gate
-SPLITS: dict[str, dict[str, str]] = {
+#: granularity -> {write role: the unit its writes are split into}; roles not named keep one
+#: gate
+UNIT_KINDS: dict[str, dict[str, str]] = {
     "head": {"attn": "head"},
     "expert": {"moe": "expert"},
     "neuron": {"attn": "head", "mlp": "neuron", "moe": "expert"},
 }
 _WHAT = {"head": "attention heads", "expert": "MoE experts", "neuron": "MLP neurons"}
 _UNITS = {"head": "heads", "expert": "experts", "neuron": "neurons"}
-_EXPERT_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
-
-
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to(torch.promote_types(t.dtype, torch.float32))
-
-
-def out_in_weight(proj: nn.Module) -> torch.Tensor:
-    """The projection's weight as ``[out, in]`` (GPT-2's Conv1D stores ``[in, out]``)."""
-    weight = proj.weight
-    return weight.T if type(proj).__name__ == "Conv1D" else weight
-
-
-@dataclass
-class SliceSite:
-    """``count`` gates on equal slices (``width`` wide) of a projection's input: heads of an
-    attention output projection or neurons of a down-projection."""
-
-    start: int
-    layer: int
-    sublayer: str
-    proj: nn.Module
-    count: int
-    width: int
-
-    @property
-    def units(self) -> tuple[GateUnit, ...]:
-        return tuple(
-            GateUnit(self.start + u, self.layer, self.sublayer, u) for u in range(self.count)
-        )
-
-    def install(self, gm: GateState) -> list[RemovableHandle]:
-        return [self.proj.register_forward_pre_hook(self.hook(gm))]
-
-    def norms(self, split: torch.Tensor) -> torch.Tensor:
-        """``||slice_u W_u^T||`` per position and unit, ``[..., U]``, via the unit Grams."""
-        with torch.no_grad():
-            W = _wide(out_in_weight(self.proj)).to(split.device)  # noqa: N806
-            x = _wide(split)
-            if self.width == 1:  # neurons: a_j^2 ||W[:, j]||^2
-                squares = x[..., 0] ** 2 * (W * W).sum(0)
-            else:
-                units = W.view(W.shape[0], self.count, self.width)
-                gram = torch.einsum("oui,ouj->uij", units, units)  # [U, w, w]
-                squares = (torch.einsum("...ui,uij->...uj", x, gram) * x).sum(-1)
-            return squares.clamp_min(0).sqrt()
-
-    def hook(self, gm: GateState):  # noqa: ANN201 - torch hook signature
-        def hook(module: nn.Module, args: tuple) -> tuple | None:
-            if gm.gates is None and gm.capture is None:
-                return None
-            split = args[0].unflatten(-1, (self.count, self.width))
-            rows = None if gm.gates is None else gm.gates.shape[0]
-            if gm.capture is not None:
-                gm.capture.norms[self.start] = rows_first(self.norms(split), rows)
-            if gm.gates is None:
-                return None
-            g = per_row(gate_columns(gm, self.start, self.start + self.count, split), split, 2)
-            return ((split * g).flatten(-2), *args[1:])
-
-        return hook
-
-
-@dataclass
-class ExpertSite:
-    """Gates on the routed experts of one MoE write (units ``0..count-1``), set on the
-    routing weights the fused experts module receives; shared experts are ``shared``."""
-
-    start: int
-    layer: int
-    sublayer: str
-    experts: nn.Module
-    count: int
-    shared: list[tuple[WriteSite, nn.Module | None]] = field(default_factory=list)
-
-    @property
-    def units(self) -> tuple[GateUnit, ...]:
-        routed = (GateUnit(self.start + e, self.layer, self.sublayer, e) for e in range(self.count))
-        return (*routed, *(s.units[0] for s, _ in self.shared))
-
-    def install(self, gm: GateState) -> list[RemovableHandle]:
-        handles = [self.experts.register_forward_pre_hook(self.hook(gm), with_kwargs=True)]
-        for site, scale in self.shared:
-            handles += site.install(gm)
-            if scale is not None:  # F of the shared expert: its output times sigmoid(gate)
-                handles.append(scale.register_forward_hook(_sigmoid_scale(gm, site.k)))
-        return handles
-
-    def norms(
-        self, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor
-    ) -> torch.Tensor:
-        """``[N, E]``: ``||w_e(x_t) f_e(x_t)||`` per token (0 where e is not routed), one
-        no-grad experts call per routing slot (a token's slots hold distinct experts)."""
-        wide = torch.promote_types(hidden.dtype, torch.float32)
-        out = torch.zeros(hidden.shape[0], self.count, device=hidden.device, dtype=wide)
-        with torch.no_grad():
-            for s in range(index.shape[-1]):
-                slot = index[:, s : s + 1]
-                part = self.experts.forward(hidden, slot, weights[:, s : s + 1])
-                norm = _wide(part).norm(dim=-1, keepdim=True).to(out.dtype)
-                valid = slot < self.count
-                out.scatter_add_(1, slot.clamp(max=self.count - 1), norm * valid)
-        return out
-
-    def hook(self, gm: GateState):  # noqa: ANN201 - torch hook signature
-        signature = inspect.signature(self.experts.forward)
-
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
-            if gm.gates is None and gm.capture is None:
-                return None
-            bound = signature.bind(*args, **kwargs)
-            hidden, index, weights = (bound.arguments[a] for a in _EXPERT_ARGS)
-            rows = None if gm.gates is None else gm.gates.shape[0]
-            if gm.capture is not None:
-                gm.capture.norms[self.start] = rows_first(self.norms(hidden, index, weights), rows)
-            if gm.gates is None:
-                return None
-            # routers hand over fp32 weights even in fp64 models: the product takes the
-            # wider dtype so the gate's gradient keeps the gate's precision (values at g = 1
-            # are unchanged: the experts promote the weights to that dtype anyway)
-            wide = torch.promote_types(weights.dtype, gm.gates.dtype)
-            g = per_row(
-                gate_columns(gm, self.start, self.start + self.count, weights.to(wide)), hidden, 1
-            )
-            factor = g.gather(1, index.clamp(0, self.count - 1))
-            factor = torch.where(index < self.count, factor, torch.ones_like(factor))
-            bound.arguments["top_k_weights"] = weights * factor
-            return bound.args, bound.kwargs
-
-        return hook
-
-
-def _sigmoid_scale(gm: GateState, k: int):  # noqa: ANN202 - torch hook signature
-    """Qwen2-MoE adds ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``: scale the
-    captured norm of the shared expert's output by the sigmoid (it runs after it)."""
-
-    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if gm.capture is not None:
-            rows = None if gm.gates is None else gm.gates.shape[0]
-            scale = torch.sigmoid(_wide(output))[..., 0]
-            gm.capture.norms[k] = gm.capture.norms[k] * scale.reshape(rows or 1, -1)
-
-    return hook
 
 
 # ------------------------------------------------------------------------ discovery
@@ -276,12 +129,12 @@ def _expert_site(model: nn.Module, k: int, w: Write) -> ExpertSite:
     fused = [
         m
         for n, m in sub.named_modules()
-        if n and set(_EXPERT_ARGS) <= set(inspect.signature(m.forward).parameters)
+        if n and set(EXPERT_ARGS) <= set(inspect.signature(m.forward).parameters)
     ]
     if len(fused) != 1:
         raise CdscopeError(
             f"layer {w.layer}: the MoE block {type(sub).__name__} has no fused experts module "
-            f"taking ({', '.join(_EXPERT_ARGS)}); --granularity expert needs one"
+            f"taking ({', '.join(EXPERT_ARGS)}); --granularity expert needs one"
         )
     experts = fused[0]
     count = int(getattr(experts, "num_experts", 0) or experts.down_proj.shape[0])
@@ -297,9 +150,9 @@ def _expert_site(model: nn.Module, k: int, w: Write) -> ExpertSite:
     return ExpertSite(k, w.layer, w.role, experts, count, shared)
 
 
-def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list:
-    """The gate sites of ``model`` at ``granularity`` (a key of SPLITS), in gate order."""
-    split = SPLITS[granularity]
+def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list[GateSite]:
+    """The gate sites of ``model`` at ``granularity`` (a key of UNIT_KINDS), in gate order."""
+    split = UNIT_KINDS[granularity]
     kinds = {w.path: split.get(w.role) for w in arch.writes}
     if not any(kinds.values()):
         raise CdscopeError(
@@ -314,7 +167,7 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list:
             )
     sliced = [w for w in arch.writes if kinds[w.path] in ("head", "neuron")]
     projections = find_projections(model, sliced) if sliced else {}
-    sites: list = []
+    sites: list[GateSite] = []
     k = 0
     for w in arch.writes:
         kind = kinds[w.path]
@@ -330,3 +183,18 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list:
         sites.append(site)
         k += len(site.units)
     return sites
+
+
+def write_sites(model: nn.Module, arch: Architecture) -> list[GateSite]:
+    """One gate per residual write of ``arch``, in gate order (the sublayer gate set)."""
+    writes = arch.write_modules(model)
+    return [WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)]
+
+
+SiteBuilder = Callable[[nn.Module, Architecture], list[GateSite]]
+#: granularity -> the builder of its gate sites (``GatedModel``'s gate sets; the edge
+#: granularity measures through EAP's hooks instead: ``cdscope.core.gating.registry``)
+SITE_BUILDERS: dict[str, SiteBuilder] = {
+    SUBLAYER: write_sites,
+    **{name: partial(unit_sites, granularity=name) for name in UNIT_KINDS},
+}

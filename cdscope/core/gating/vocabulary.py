@@ -1,19 +1,18 @@
-"""The pieces every gate hook shares (SPEC §1): the gate set (``GateUnit``, ``GateSet``), the
-state hooks read during a gated forward (``GateState``, ``Capture``), how a block of gate
-columns is shaped onto a tensor (``gate_columns``, ``per_row``, ``rows_first``) and the
-whole-write gate (``WriteSite``). ``cdscope.core.gates.GatedModel`` owns the hooks and their
-lifecycle; ``cdscope.core.gate_units`` adds the head / expert / neuron sites.
+"""The gate vocabulary every gate hook shares (SPEC §1): the gate set (``GateUnit``,
+``GateSet``), the state hooks read during a gated forward (``GateState``, ``Capture``), what a
+gate site is (``GateSite``) and how a block of gate columns is shaped onto a tensor
+(``gate_columns``, ``per_row``, ``rows_first``). The granularity names are
+``cdscope.settings.names``'; the sites are ``cdscope.core.gating.sites``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
-from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from cdscope.hooks import first_tensor, replace_first
 from cdscope.settings.names import SUBLAYER
 
 
@@ -67,6 +66,12 @@ class GateSet:
         """Head / expert / neuron index of every gate (None for a whole write)."""
         return [u.unit for u in self.units]
 
+    @property
+    def frame_columns(self) -> dict[str, list]:
+        """Columns the probe frame adds per gate at this granularity (none here; an edge
+        gate set names each edge's nodes and path)."""
+        return {}
+
 
 @dataclass
 class Capture:
@@ -97,6 +102,16 @@ class GateState:
     capture: Capture | None = None
 
 
+class GateSite(Protocol):
+    """One or more consecutive gates of a ``GatedModel``: the units it gates (in gate order)
+    and the hooks it installs on the model, reading ``state`` during each forward."""
+
+    @property
+    def units(self) -> tuple[GateUnit, ...]: ...
+
+    def install(self, state: GateState) -> list[RemovableHandle]: ...
+
+
 def gate_columns(gm: GateState, start: int, stop: int, like: torch.Tensor) -> torch.Tensor:
     """``g[:, start:stop]`` on ``like``'s device and dtype (a write may sit on another device
     under a device map: its gates follow it)."""
@@ -122,43 +137,3 @@ def rows_first(values: torch.Tensor, rows: int | None) -> torch.Tensor:
     if rows is None:
         rows = values.shape[0] if values.dim() > 2 else 1
     return values.reshape(rows, -1, values.shape[-1]).transpose(1, 2)
-
-
-@dataclass
-class WriteSite:
-    """One gate on a whole write: a forward hook multiplies the write module's output by
-    ``g[:, k]`` (and records its norm per position when norms are captured)."""
-
-    k: int
-    layer: int
-    sublayer: str
-    module: nn.Module
-    unit: int | None = None  # a shared MoE expert is a unit of its write
-
-    @property
-    def units(self) -> tuple[GateUnit, ...]:
-        return (GateUnit(self.k, self.layer, self.sublayer, self.unit),)
-
-    def install(self, gm: GateState) -> list[RemovableHandle]:
-        return [self.module.register_forward_hook(self.hook(gm))]
-
-    def hook(self, gm: GateState):  # noqa: ANN201 - torch hook signature
-        k = self.k
-
-        def hook(module: nn.Module, args: tuple, output: object) -> object | None:
-            write = first_tensor(output)
-            rows = None if gm.gates is None else gm.gates.shape[0]
-            if gm.capture is not None:
-                wide = write.detach().to(torch.promote_types(write.dtype, torch.float32))
-                norms = wide.norm(dim=-1)
-                gm.capture.norms[k] = norms if rows is None else norms.reshape(rows, -1)
-            if gm.gates is None:
-                return None
-            g = gate_columns(gm, k, k + 1, write)[:, 0]
-            if write.shape[0] != rows:  # rows flattened to [B*T, H] (OPT's MLP)
-                if write.dim() != 2 or write.shape[0] % rows:
-                    raise ValueError(f"gate rows ({rows}) != batch rows ({write.shape[0]})")
-                g = g.repeat_interleave(write.shape[0] // rows)
-            return replace_first(output, write * g.view(-1, *([1] * (write.dim() - 1))))
-
-        return hook

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,8 +124,27 @@ def process_group(launch: Launch, device_type: str) -> Iterator[None]:
     )
     try:
         yield
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: the other ranks may never reach it
+        raise
+    # The last reference to a gloo group must not go while one of its worker threads still
+    # finishes a collective: the destructor joins the workers holding the GIL, a worker
+    # freeing the collective's tensors waits for the GIL, and the rank hangs for good (seen
+    # 2 runs in 18 of a 2-rank TRL step, when DDP's reducer was freed after the group was
+    # destroyed). So: every rank here, the workers idle, garbage released, then destroy.
+    dist.barrier()
+    release_garbage()
+    dist.destroy_process_group()
+
+
+def release_garbage() -> None:
+    """Free unreachable objects now (a DDP reducer, a finished collective's buffers) with
+    the GIL released for a moment first, so a collective worker thread can drop the Python
+    tensors it holds before their owners go."""
+    import gc
+
+    time.sleep(0.05)
+    gc.collect()
 
 
 def share(items: Sequence[T], launch: Launch) -> list[T]:

@@ -48,7 +48,7 @@ import torch
 from rich.console import Console
 
 from cdscope.core.gating.model import GatedModel
-from cdscope.distributed import launch_env, process_group
+from cdscope.distributed import launch_env, process_group, release_garbage
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
@@ -360,6 +360,9 @@ def train_with_trl(
         trainer.train(resume_from_checkpoint=True if resume else None)
         # every rank: an FSDP2 model's weights are gathered to rank 0, which writes
         final = save_final_model(inputs.model, inputs.tokenizer, Path(inputs.cfg.out_dir) / "final")
+        steps_done = int(trainer.state.global_step)
+        # DDP's reducer goes while the group lives (see distributed.process_group)
+        del trainer
+        release_garbage()
     log = pd.DataFrame(callback.rows)
-    steps_done = int(trainer.state.global_step)
     return TrainResult(Path(inputs.cfg.out_dir), log, steps_done, callback.resumed_from, final)

@@ -1,11 +1,11 @@
 """Coverage of transformers' causal-LM types (issues 12, 24): docs/architectures.md is the
-rendered output of ``cdscope.core.models.coverage``; these tests fail when it is stale.
+rendered output of ``cdscope.tools.coverage``; these tests fail when it is stale.
 
 The rows hold no number rounding could move (no error buckets; proofs with margins), no
 temporary path and no timing, so they are the same on any CPU: a varied subset is
 re-measured on every run, the whole page with ``CDSCOPE_FULL_COVERAGE=1`` (4 min on one
 idle thread here, kept out of ``make test`` for its cost; also ``python -m
-cdscope.core.models.coverage_page --check docs/architectures.md``)."""
+cdscope.tools.coverage_page --check docs/architectures.md``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cdscope.core.models import coverage, coverage_page
+from cdscope.tools import coverage, coverage_page
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "architectures.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
 #: a fast, varied subset re-measured on every run (dense, MoE, MLA, hybrids, post-norm,
 #: parallel residual, flattened rows, post-LN refusal, encoder-decoder refusal, routing)
 SUBSET = [
@@ -65,7 +65,7 @@ def test_doc_was_generated_with_the_installed_transformers() -> None:
         f"docs/architectures.md is for transformers {_doc_transformers_version()}, this "
         f"environment has {transformers.__version__}: install the tested set "
         "(`make setup` uses constraints.txt) or regenerate the page with "
-        "`python -m cdscope.core.models.coverage_page --write docs/architectures.md`"
+        "`python -m cdscope.tools.coverage_page --write docs/architectures.md`"
     )
 
 

@@ -64,6 +64,11 @@ SMALL: dict = dict(
     residual_in_fp32=False,
     tie_word_embeddings=False,
 )
+#: the sizes of a multimodal model's vision / audio encoder (built, never measured)
+_ENCODER: dict = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4
+)
+_DOTS3: dict = dict(num_key_value_heads=4, n_shared_experts=1, index_n_heads=4, index_head_dim=16)
 #: per-type changes to SMALL where the generic sizes do not instantiate or hide a feature
 #: (a value of None removes the key: the config derives it and refuses it as an argument)
 TWEAKS: dict[str, dict] = {
@@ -81,10 +86,9 @@ TWEAKS: dict[str, dict] = {
             "glm4_moe_lite",
             "glm_moe_dsa",
             "minicpm3",
-            "longcat_flash",
             "axk1",
             "axk2",
-            "kimi_linear",
+            "youtu",
         )
     },
     "codegen": dict(rotary_dim=8),
@@ -94,22 +98,117 @@ TWEAKS: dict[str, dict] = {
     "gemma4_unified": dict(head_dim=None),
     "gemma4_unified_text": dict(head_dim=None),
     "falcon": dict(head_dim=None, new_decoder_architecture=True, num_kv_heads=2),
+    # issue 31: the types whose config validators refuse the generic sizes
+    **{  # Gemma-4's per-layer embeddings default to 262,144 x 256 per layer (134 M weights)
+        t: dict(head_dim=None, vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16)
+        for t in ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+    },
+    **{  # a drafter: no per-layer embeddings, every layer reads a shared key/value cache
+        t: dict(
+            head_dim=None,
+            vocab_size_per_layer_input=0,
+            hidden_size_per_layer_input=0,
+            backbone_hidden_size=64,
+            num_kv_shared_layers=SMALL["num_hidden_layers"],
+            text_config=dict(vocab_size_per_layer_input=0, hidden_size_per_layer_input=0),
+        )
+        for t in ("gemma4_assistant", "gemma4_unified_assistant")
+    },
+    "dbrx": dict(
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        # the attention reads rope_theta and clamps q/k/v at clip_qkv (None fails)
+        attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+        ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2),
+    ),
+    "dots1": dict(n_shared_experts=1),
+    # multi-head latent attention with a shared expert, grouped routing and an indexer
+    "dots3_note_text": _DOTS3,
+    "dots3_note": dict(
+        **_DOTS3,
+        text_config=_DOTS3,  # the adapters' widths are checked against it at construction
+        vision_config=dict(
+            **_ENCODER, adapter_in_dim=64, adapter_out_dim=64, mlp_layer_types=["dense"]
+        ),
+        audio_config=dict(
+            **_ENCODER, adapter_input_size=64, adapter_out_dim=64, downsample_hidden_size=32
+        ),
+    ),
+    "cohere_compass_text": dict(  # rotary parameters per layer type (multimodal RoPE)
+        rope_parameters={
+            "full_attention": dict(rope_type="default", rope_theta=1e4, mrope_section=[4, 2, 2])
+        }
+    ),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "zamba": dict(num_hidden_layers=3, attn_layer_period=2, attn_layer_offset=1),
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"]),
+    "zaya": dict(num_experts_per_tok=1),
+    # Kimi Delta Attention heads default to 32 x 128 (2 M weights a layer)
+    "kimi_linear": dict(num_key_value_heads=4, linear_attn_config=dict(num_heads=4, head_dim=16)),
+    # the image and audio embedders default to 27 and 24 layers, 1024-1152 wide (870 M)
+    "phi4_multimodal": dict(
+        vision_config=dict(_ENCODER, image_size=28, crop_size=28),
+        audio_config=dict(
+            _ENCODER,
+            num_blocks=1,
+            ext_pw_out_channel=64,
+            depthwise_separable_out_channel=64,
+            nemo_conv_channels=64,
+        ),
+    ),
+    # bytes -> local encoder -> patches -> global transformer -> local decoder; each part
+    # defaults to 1024-2048 wide with 500,002-row hash embeddings (> 120 s at "tiny" size)
+    "blt": dict(
+        encoder_hash_byte_group_vocab=VOCAB,
+        encoder_hash_byte_group_size=[3, 4],
+        patcher_config=dict(_ENCODER, vocab_size=VOCAB, num_hidden_layers=2),
+        encoder_config=dict(_ENCODER, vocab_size=VOCAB, hidden_size_global=64),
+        decoder_config=dict(_ENCODER, vocab_size=VOCAB, num_hidden_layers=2, hidden_size_global=64),
+        global_config=dict(_ENCODER, vocab_size=VOCAB, num_hidden_layers=2),
+    ),
+    # two attention sublayers per layer: num_hidden_layers is 2 x num_layers (2 layers here)
+    "longcat_flash": dict(num_key_value_heads=4, num_hidden_layers=4),
+    # the last layer reads the key/value cache of the first (15 shared layers by default)
+    "gemma3n_text": dict(num_kv_shared_layers=1),
+    "xlstm": dict(v_head_dim=None, num_blocks=2, embedding_dim=64),
 }
+
+
+#: types whose causal-LM class takes another config than the type's own (MusicGen's
+#: causal LM is its decoder over audio codebooks, without the text encoder)
+CONFIG_TYPE = {"musicgen": "musicgen_decoder", "musicgen_melody": "musicgen_melody_decoder"}
+
+
+def config_kwargs(*model_types: str) -> dict:
+    """``SMALL`` with the ``TWEAKS`` of ``model_types`` applied in order (None: key removed)."""
+    merged = dict(SMALL)
+    for model_type in model_types:
+        merged.update(TWEAKS.get(model_type, {}))
+    return {k: v for k, v in merged.items() if v is not None}
 
 
 def tiny_config(model_type: str):  # noqa: ANN201
     """A small random config of ``model_type`` (text sub-config shrunk too)."""
     from transformers import AutoConfig
 
-    kwargs = {k: v for k, v in {**SMALL, **TWEAKS.get(model_type, {})}.items() if v is not None}
-    config = AutoConfig.for_model(model_type, **kwargs)
+    kwargs = config_kwargs(model_type)
+    if isinstance(kwargs.get("text_config"), dict):  # a text config checked at construction
+        kwargs["text_config"] = {**SMALL, **kwargs["text_config"]}
+    config = AutoConfig.for_model(CONFIG_TYPE.get(model_type, model_type), **kwargs)
     text = config.get_text_config()
     if text is not config:
         sub_type = getattr(text, "model_type", None)
-        fresh = AutoConfig.for_model(sub_type, **{**kwargs, **TWEAKS.get(sub_type, {})})
+        # the outer type's tweaks win over its text type's (a drafter's zero sizes)
+        sub_kwargs = config_kwargs(sub_type, model_type)
+        sub_kwargs.pop("text_config", None)
+        fresh = AutoConfig.for_model(sub_type, **sub_kwargs)
         for key, value in fresh.to_dict().items():
-            if hasattr(text, key) and key not in ("model_type", "architectures"):
-                with contextlib.suppress(AttributeError, TypeError, ValueError):
+            if key in ("model_type", "architectures"):
+                continue
+            # a derived or per-layer attribute (Gemma-4's head_dim) keeps the config's own
+            with contextlib.suppress(AttributeError, TypeError, ValueError, RuntimeError):
+                if hasattr(text, key):
                     setattr(text, key, value)
     for key in ("use_cache",):
         setattr(config, key, False)

@@ -40,6 +40,14 @@ SUBSET = [
     "aria_text",  # MoE routing switches near g = 1 at the larger finite-difference steps
     "emu3",  # refused at load: its reason once named the random temporary directory
     "openai-gpt",  # refused: two closest fits nearly tie, once named in the row
+    # issue 31: a per-type config, an override, a measured refusal of each kind
+    "dbrx",
+    "longcat_flash",  # five writes a layer (OVERRIDES)
+    "zamba",  # a shared transformer that feeds the mixer, not the stream
+    "deepseek_v4",  # hyper-connections: several residual streams
+    "minimax",  # a norm on the residual path
+    "hrm_text",  # a recurrent stack
+    "musicgen",  # an explained refusal
 ]
 
 

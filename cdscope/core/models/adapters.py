@@ -26,15 +26,19 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from cdscope.core.models import diagnosis, widened
 from cdscope.core.models import discovery as d
-from cdscope.core.models import widened
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
 
 ROLES = ("attn", "mlp", "moe", "mixer")
 
 #: ``model_type`` -> write module paths relative to a block, in call order (see docstring).
-OVERRIDES: dict[str, tuple[str, ...]] = {}
+OVERRIDES: dict[str, tuple[str, ...]] = {
+    # two attention + MLP sublayer pairs and a shortcut MoE that reads the stream after the
+    # first attention and writes last: five writes, past the search's four (issue 31)
+    "longcat_flash": ("self_attn.0", "mlp.experts", "mlps.0", "self_attn.1", "mlps.1"),
+}
 
 
 @dataclass(frozen=True)
@@ -214,10 +218,15 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         for h in (bt.h_in, bt.h_out):
             overflow_check(model_type, layer, h, dtype)
         hint = override or hints.get(key)
+        if reason := diagnosis.recurrent(own):
+            raise CdscopeError(f"{model_type}: layer {layer}: {reason}")
         try:
             found = d.solve_block(
                 bt, search_dtype, tuple(prefix + h for h in hint) if hint else None
             )
+        except d.NotAdditive as exc:
+            why = diagnosis.why_not_additive(bt, model, prefix, search_dtype)
+            raise CdscopeError(f"{model_type}: layer {layer}: {exc}: {why}") from None
         except CdscopeError as exc:
             raise CdscopeError(f"{model_type}: layer {layer}: {exc}") from None
         hints[key] = tuple(n[len(prefix) :] for n in found.names)

@@ -129,6 +129,7 @@ class BlockTrace:
     h_in: torch.Tensor | None = None
     h_out: torch.Tensor | None = None
     records: dict[str, Record] = field(default_factory=dict)
+    calls: int = 0  # > 1: a block run several times in one forward (a recurrent stack)
 
 
 @dataclass
@@ -267,6 +268,7 @@ def block_io_hook(trace: BlockTrace):  # noqa: ANN201 - torch hook signature
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
         h_in, h_out = input_tensor(args, kwargs), first_tensor(output)
+        trace.calls += 1
         trace.h_in = None if h_in is None else h_in.detach().clone()
         trace.h_out = None if h_out is None else h_out.detach().clone()
 
@@ -454,7 +456,10 @@ def solve_block(trace: BlockTrace, dtype: torch.dtype, hint: tuple[str, ...] | N
             for f in fits:
                 best = f if best is None or f.error < best.error else best
     detail = f" (closest: {', '.join(best.names)}, rel. error {best.error:.1e})" if best else ""
-    raise CdscopeError(
-        f"no set of module outputs sums to the block's residual update h_out - h_in{detail}: "
-        "not a residual decoder block (post-LN or custom block?)"
+    raise NotAdditive(
+        f"no set of module outputs sums to the block's residual update h_out - h_in{detail}"
     )
+
+
+class NotAdditive(CdscopeError):
+    """No write set fits a block; ``cdscope.core.models.diagnosis`` says why, measured."""

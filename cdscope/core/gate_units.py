@@ -306,6 +306,11 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list:
             f"{arch.model_type} has no {_WHAT[granularity]} (its writes are "
             f"{', '.join(sorted({w.role for w in arch.writes}))}): use another --granularity"
         )
+    if any(w.expand for w in arch.writes):
+        raise CdscopeError(
+            f"{arch.model_type}'s writes enter several residual streams (hyper-connections): "
+            "a unit's F would miss the stream weights; use --granularity sublayer"
+        )
     for w in arch.writes:
         if kinds[w.path] and w.post_norm:
             raise CdscopeError(

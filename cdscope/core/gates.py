@@ -40,7 +40,7 @@ from cdscope.core.gate_sites import (
     Capture,
     GateSet,
     GateState,
-    WriteSite,
+    write_sites,
 )
 from cdscope.core.gate_units import unit_sites
 from cdscope.core.models.adapters import Architecture, architecture_of
@@ -71,11 +71,8 @@ class GatedModel:
             )
         self.model = model
         self.architecture = architecture or architecture_of(model)  # discovered + proven
-        writes = self.architecture.write_modules(model)
         if granularity == SUBLAYER:
-            self._sites: list = [
-                WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)
-            ]
+            self._sites: list = write_sites(model, self.architecture)
         else:
             self._sites = unit_sites(model, self.architecture, granularity)
         self.gate_set = GateSet(tuple(u for site in self._sites for u in site.units), granularity)

@@ -184,6 +184,8 @@ def check_type(model_type: str) -> Row:
         notes.append("post-sublayer norms")
     if any(w.scale != 1.0 for w in arch.writes):
         notes.append("residual multiplier")
+    if any(w.expand for w in arch.writes):
+        notes.append("several residual streams (expanded writes)")
     if not arch.proof.own_head:
         notes.append("logits through the model's forward")
     notes += [f"{dtype}: {failed[dtype]}" for dtype in DTYPES if dtype in failed]

@@ -62,6 +62,17 @@ def render(rows: list[Row]) -> str:
         "agrees with central finite differences on three gates to "
         f"<= {FD_TOLERANCE:.0e} (relative; float64 throughout, the best of the steps {steps}).",
         "",
+        "*Several residual streams* (hyper-connections, note `several residual streams`): "
+        "the block keeps n copies of the stream and each sublayer writes one stream's width "
+        "`a`, entering the streams as the expanded write `e ⊗ a` with per-token stream weights "
+        "`e` computed from the streams before the sublayer. The gate multiplies `a`, so it "
+        "scales the whole expanded write; the proof is the same three checks on the streams "
+        "(g = 1 bit-exact, the streams' update equals the sum of the gated expanded writes, "
+        "all gates at 0 leave the streams untouched), C[m, k] = (1/l_m) dl_m/dg_k is the "
+        "derivative along the expanded write and F its norm |e| |a|. A block that also mixes "
+        "the carried streams (DeepSeek-V4's `comb`, Gemma-3n's AltUp) is refused: with every "
+        "gate at 0 its streams still change (docs/decisions.md).",
+        "",
         f"**{len(ok)} of {len(rows)} types supported** — {len(moe)} with MoE blocks, "
         f"{len(hybrid)} with SSM / linear-attention / convolution mixers; {len(every)} "
         f"proven in all four dtypes; eap-info supports {len(eap)}. Roles: "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from cdscope.core.models import diagnosis, widened
+from cdscope.core.models import diagnosis, streams, widened
 from cdscope.core.models import discovery as d
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
@@ -55,6 +55,10 @@ class Write:
     pre_norm: str | None = None  # module whose input is the stream the sublayer reads
     readers: tuple[str, ...] = ()  # modules inside the sublayer reading its input
     reads_stream: bool = False  # the sublayer's input is the stream itself (no pre-norm)
+    #: several residual streams (``cdscope.core.models.streams``): the write enters them as
+    #: ``e (x) output`` with ``e`` element ``expand_index`` of module ``expand``'s output
+    expand: str | None = None
+    expand_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,25 @@ def _wire(
     return writes
 
 
+def _wire_expanded(
+    model: nn.Module, layer: int, block_path: str, found: streams.ExpandedFit
+) -> list[Write]:
+    """The expanded writes of a multi-stream block (no pre-norms or readers: eap-info
+    refuses several streams)."""
+    return [
+        Write(
+            layer=layer,
+            role=d.role_of(model, name, block_path),
+            path=name,
+            sublayer=name,
+            scale=float(scale),
+            expand=e.path,
+            expand_index=e.index,
+        )
+        for name, scale, e in zip(found.fit.names, found.fit.scales, found.expansions, strict=True)
+    ]
+
+
 def overflow_check(model_type: str, layer: int, h: torch.Tensor, dtype: torch.dtype) -> None:
     """Refuse hidden states whose square overflows the dtype norms compute in (float32 for
     fp32/bf16/fp16 models: |h| > 1.8e19): RMSNorm / LayerNorm then divide by inf and every
@@ -220,13 +243,18 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         hint = override or hints.get(key)
         if reason := diagnosis.recurrent(own):
             raise CdscopeError(f"{model_type}: layer {layer}: {reason}")
+        block_dtype = d.adding_dtype(bt.h_out, search_dtype)
         try:
             found = d.solve_block(
-                bt, search_dtype, tuple(prefix + h for h in hint) if hint else None
+                bt, block_dtype, tuple(prefix + h for h in hint) if hint else None
             )
         except d.NotAdditive as exc:
-            why = diagnosis.why_not_additive(bt, model, prefix, search_dtype)
-            raise CdscopeError(f"{model_type}: layer {layer}: {exc}: {why}") from None
+            expanded = streams.solve_expanded(bt, block_dtype)
+            if expanded is None:
+                why = diagnosis.why_not_additive(bt, model, prefix, block_dtype)
+                raise CdscopeError(f"{model_type}: layer {layer}: {exc}: {why}") from None
+            writes += _wire_expanded(model, layer, prefix[:-1], expanded)
+            continue
         except CdscopeError as exc:
             raise CdscopeError(f"{model_type}: layer {layer}: {exc}") from None
         hints[key] = tuple(n[len(prefix) :] for n in found.names)

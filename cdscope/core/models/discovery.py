@@ -83,6 +83,16 @@ def tolerance(dtype: torch.dtype) -> float:
     return 8 * torch.finfo(dtype).eps
 
 
+def adding_dtype(h_out: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a block added its writes in: float32 when a float64 block's output is a
+    float32 value in every element (HY-V4's hyper-connections add in float32 whatever the
+    model's dtype: random float64 sums are never all float32-exact), else ``dtype``. The
+    write-sum identity of such a block holds to float32's rounding, not float64's."""
+    if dtype == torch.float64 and torch.equal(h_out, h_out.float().to(h_out.dtype)):
+        return torch.float32
+    return dtype
+
+
 def write_sum_error(
     h_in: torch.Tensor, h_out: torch.Tensor, terms: list[torch.Tensor] | torch.Tensor
 ) -> float:
@@ -120,6 +130,8 @@ class Record:
     out: torch.Tensor | None = None
     inp_ptr: int = 0  # storage addresses: tell equal-valued tensors apart (Falcon's two
     out_ptr: int = 0  # freshly initialised pre-norms)
+    #: every tensor of a tuple output (a hyper-connection's stream weights are not its first)
+    outs: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass
@@ -257,6 +269,10 @@ def _recorder(record: Record, counter: list[int]):  # noqa: ANN202
         inp, out = input_tensor(args, kwargs), first_tensor(output)
         record.inp = None if inp is None else inp.detach().clone()
         record.out = None if out is None else out.detach().clone()
+        if isinstance(output, (tuple, list)) and len(output) > 1:
+            record.outs = tuple(t.detach().clone() for t in output if isinstance(t, torch.Tensor))
+        else:
+            record.outs = () if record.out is None else (record.out,)
         record.inp_ptr = 0 if inp is None else inp.data_ptr()
         record.out_ptr = 0 if out is None else out.data_ptr()
 

@@ -27,11 +27,10 @@ def _trace(model_type: str, layer: int = 0) -> tuple[torch.nn.Module, d.BlockTra
     [
         # HRM: the low-level stack runs H_cycles x L_cycles = 2 x 3 times per forward
         ("hrm_text", "the block runs 6 times in one forward"),
-        # hyper-connections: a [B, T, 4, 64] stream, sublayers write [B, T, 64]
+        # DeepSeek-V4's hyper-connections: a [B, T, 4, 64] stream mixed by comb, sublayers
+        # write [B, T, 64]
         ("deepseek_v4", "the block carries 4 residual streams (hidden state [1, 6, 4, 64])"),
-        ("hy_v4", "sublayers (input_layernorm, self_attn, post_attention_layernorm, mlp)"),
-        # Qwen4-exp flattens its 4 streams into one [B, T, 4 x 64] hidden state
-        ("qwen4_exp_text", "the block carries 4 residual streams (hidden state [1, 6, 256])"),
+        # (HY-V4 and Qwen4-exp, whose carried streams are not mixed: tests/.../test_streams.py)
         # Gemma-3n's AltUp: 4 predictions stacked in front of the batch
         ("gemma3n_text", "the block carries 4 residual streams (hidden state [4, 1, 6, 64])"),
         # MiniMax's DeepNorm-style block adds its MLP to the normalised stream

@@ -47,7 +47,7 @@ from cdscope.tools.tiny import random_batch, save_checkpoint, tiny_model
 #: (see the module docstring for the floor and the gap it sits in)
 FD_TOLERANCE = 1e-6
 #: a guard against a type that hangs, not a speed test: the slowest measured type takes
-#: 20 s on one CPU thread here (kimi_linear), so a machine 10x slower still draws no
+#: 22 s on one CPU thread here (cpmant; all 189 in 212 s), so a machine 10x slower draws no
 #: row differently (a type known to take longer would go in ``NOT_MEASURED``)
 TYPE_BUDGET_S = 600
 #: finite-difference (step, stencil order) pairs tried, the best agreement counts: a stencil
@@ -218,6 +218,11 @@ EXPLAINED: dict[str, tuple[str, str]] = {
         )
         for t in ("musicgen", "musicgen_melody")
     },
+    "gemma3n": (
+        "requires the timm library",
+        "the multimodal Gemma-3n: its vision tower needs timm (not a cdscope dependency); "
+        "its text decoder is gemma3n_text's (refused: AltUp's mixed streams)",
+    ),
     "xglm": (
         "cannot be converted to type float without overflow",
         "its attention builds float64's most negative value with torch.full and no "

@@ -4,7 +4,7 @@
     python -m cdscope.tools.coverage_page --check docs/architectures.md   # exit 1 if stale
 
 The full run measures every causal-LM type of transformers (189 with transformers 5.23,
-4 min on one idle CPU thread here); tests/tools/test_coverage.py re-measures a
+3.5 min on one CPU thread here); tests/tools/test_coverage.py re-measures a
 varied subset on every test run and the whole page with ``CDSCOPE_FULL_COVERAGE=1``.
 """
 

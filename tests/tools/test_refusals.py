@@ -74,6 +74,14 @@ def test_xglm_fails_in_float64_only_through_a_float32_factory() -> None:
         torch.set_default_dtype(previous)
 
 
+def test_gemma3n_needs_timm_and_decodes_with_gemma3n_text() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("timm") is None  # else the row would be measured
+    assert tiny.tiny_config("gemma3n").get_text_config().model_type == "gemma3n_text"
+    assert coverage.check_type("gemma3n").note.startswith("the multimodal Gemma-3n")
+
+
 def test_an_explanation_leads_only_the_refusal_it_explains() -> None:
     needle, meaning = coverage.EXPLAINED["xglm"]
     assert coverage.explained("xglm", f"x: {needle}").startswith(meaning)

@@ -90,7 +90,7 @@ def test_longcat_flash_has_five_writes_a_layer() -> None:
         "self_attn.1",
         "mlps.1",
     ]
-    assert arch.source == "override" or arch.K == 10
+    assert arch.source == "override" and arch.K == 10
     assert arch.proof.zero_gates_error == 0.0 and arch.proof.unit_gates_exact
 
 

@@ -47,12 +47,12 @@ from cdscope.core.batch import ProbeBatch, encode_probe
 from cdscope.core.control import control_autograd
 from cdscope.core.edge_control import control_edges
 from cdscope.core.gating.model import GatedModel
-from cdscope.core.models import coverage
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.models.loading import load_model
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.core.regularizer import exact_grad, regularizer_grad
 from cdscope.errors import CdscopeError
+from cdscope.tools import tiny
 
 TINY = {
     "gpt2": "dense",
@@ -78,7 +78,7 @@ def random_probe(seed: int, families: int = 3, n: int = 3, length: int = 24) -> 
     """``families`` x ``n`` rows of random tokens, the last 8 of each scored."""
     gen = torch.Generator().manual_seed(1000 + seed)
     rows = families * n
-    ids = torch.randint(3, coverage.VOCAB, (rows, length), generator=gen)
+    ids = torch.randint(3, tiny.VOCAB, (rows, length), generator=gen)
     lengths = torch.full((rows,), length)
     return ProbeBatch(
         input_ids=ids,
@@ -347,8 +347,8 @@ def main() -> None:
             if name in measured:
                 continue
             torch.manual_seed(0)
-            model = coverage.tiny_model(model_type)
-            directory = coverage.save_checkpoint(model, Path(tmp) / model_type)
+            model = tiny.tiny_model(model_type)
+            directory = tiny.save_checkpoint(model, Path(tmp) / model_type)
             batches = lambda tokenizer, seed: random_probe(seed)  # noqa: E731
             edges = not args.no_edges
             seeds = args.tiny_seeds

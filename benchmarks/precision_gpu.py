@@ -31,9 +31,10 @@ from cdscope.analysis.spectral import b_shared
 from cdscope.core.batch import encode_probe
 from cdscope.core.control import control_autograd
 from cdscope.core.gating.model import GatedModel
-from cdscope.core.models import architecture_of, coverage, load_model
+from cdscope.core.models import architecture_of, load_model
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.errors import CdscopeError
+from cdscope.tools import tiny
 
 KERNELS = ("float32:sdpa", "bfloat16:sdpa", "bfloat16:flash_attention_2")
 #: Qwen2.5-1.5B's sizes (1.54e9 parameters with its 151,936-token vocabulary)
@@ -57,7 +58,7 @@ def random_large(directory: Path) -> Path:
     config = AutoConfig.for_model("qwen2", **LARGE)
     with torch.device("cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return coverage.save_checkpoint(model, directory, torch.bfloat16)
+    return tiny.save_checkpoint(model, directory, torch.bfloat16)
 
 
 def _sync(device: torch.device) -> None:

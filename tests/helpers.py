@@ -27,8 +27,8 @@ from transformers import (
 from typer.testing import CliRunner
 
 from cdscope.cli import app
-from cdscope.core.models.coverage import byte_tokenizer  # noqa: F401 - the one definition
 from cdscope.settings.training import TrainConfig
+from cdscope.tools.tiny import byte_tokenizer  # noqa: F401 - the one definition
 
 VOCAB = 300  # 256 byte tokens + specials, see byte_tokenizer()
 

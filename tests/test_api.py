@@ -121,7 +121,7 @@ def test_random_reference_counts_the_gates_a_measurement_has() -> None:
     """K of a model is its discovered gate count, not 2 x layers: falcon_h1's blocks have
     three writes (mixer, attention and MLP in parallel), so 2 layers give K = 6, as
     ``measure`` counts them (before issue #30 the API said 2 x layers = 4)."""
-    from cdscope.core.models.coverage import tiny_model as tiny_of_type
+    from cdscope.tools.tiny import tiny_model as tiny_of_type
 
     loaded = cdscope.load_model(tiny_of_type("falcon_h1"), byte_tokenizer(), name="hybrid")
     ref = cdscope.random_reference(3, model=loaded, trials=100)

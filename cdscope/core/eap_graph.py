@@ -228,6 +228,11 @@ def eap_plan(model: nn.Module, arch: Architecture | None = None) -> list[Reads]:
     arch = arch or architecture_of(model)
     if arch.final_norm is None:
         raise CdscopeError(f"eap-info: {arch.model_type}: no module reads the last block's output")
+    if any(w.expand for w in arch.writes):
+        raise CdscopeError(
+            f"eap-info: {arch.model_type}: several residual streams (hyper-connections): the "
+            "edge graph reads one stream"
+        )
     fused: dict = {}
     return [_reads(model, arch, w, fused) for w in arch.writes]
 

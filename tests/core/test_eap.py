@@ -21,9 +21,9 @@ from scipy import stats as sps
 
 from cdscope.core.batch import encode_probe
 from cdscope.core.eap import EdgeGraph, EdgeHooks, edge_count, edge_scores, edge_statistics
-from cdscope.core.models import coverage
 from cdscope.core.probes import draw_probe, load_pool
 from cdscope.errors import CdscopeError
+from cdscope.tools import tiny
 from tests.helpers import byte_tokenizer, embedding_module, gate_gradient, tiny_model, write_pool
 
 ARCHS = ["llama", "gpt2", "qwen2"]  # every check
@@ -262,7 +262,7 @@ def test_unsupported_architectures_are_refused_with_a_reason() -> None:
     """CodeGen's qkv_proj is laid out as 4 model-parallel chunks of [q | v | k]: neither
     contiguous nor per-head [q | k | v] groups, so no layout passes the zeroing check."""
     with pytest.raises(CdscopeError, match="none of its .* layouts .* passes the zeroing check"):
-        EdgeHooks(coverage.tiny_model("codegen"))
+        EdgeHooks(tiny.tiny_model("codegen"))
 
 
 #: layouts beyond the ordinary q/k/v decoder (issue 12), from the coverage configs:
@@ -295,7 +295,7 @@ NEW_LAYOUTS = [
 def test_outgoing_sums_equal_minus_gate_gradient_on_new_layouts(model_type: str) -> None:
     """Twin (a) on float64 coverage models, h_0 gated at the token embeddings (after the
     learned positions are added, where there are some)."""
-    model, batch = coverage.tiny_model(model_type), coverage.random_batch()
+    model, batch = tiny.tiny_model(model_type), tiny.random_batch()
     result = edge_scores(model, batch)
     learned = hasattr(getattr(model, "transformer", None), "wpe")
     expected = gate_gradient(
@@ -312,7 +312,7 @@ def test_outgoing_sums_equal_minus_gate_gradient_on_new_layouts(model_type: str)
 def test_latent_attention_reads_through_q_and_kv() -> None:
     """DeepSeek-V3: two paths per attention node, E = sum_l [2(2l+1) + (2l+2)] + 2L + 1
     = 3L^2 + 3L + 1 (L = 2: 19)."""
-    graph = EdgeHooks(coverage.tiny_model("deepseek_v3")).graph
+    graph = EdgeHooks(tiny.tiny_model("deepseek_v3")).graph
     assert graph.E == 3 * 2**2 + 3 * 2 + 1 == 19
     assert [p for node, p in graph.consumers if node == "attn1"] == ["q", "kv"]
 
@@ -320,7 +320,7 @@ def test_latent_attention_reads_through_q_and_kv() -> None:
 def test_a_norm_shared_inside_a_block_means_one_input() -> None:
     """GraniteMoeHybrid: the MoE and the shared MLP both read post_attention_layernorm, so
     the shared MLP does not read the MoE's write (no moe0 -> mlp0 edge)."""
-    graph = EdgeHooks(coverage.tiny_model("granitemoehybrid")).graph
+    graph = EdgeHooks(tiny.tiny_model("granitemoehybrid")).graph
     into = {(u, v) for u, v, _ in graph.edges()}
     assert ("mixer0", "moe0") in into and ("mixer0", "mlp0") in into
     assert ("moe0", "mlp0") not in into and ("moe0", "mixer1") in into

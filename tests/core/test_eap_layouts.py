@@ -18,8 +18,8 @@ import torch
 from cdscope.core.eap import edge_scores
 from cdscope.core.eap_graph import eap_plan
 from cdscope.core.eap_layout import candidate_layouts, confirms, fused_columns
-from cdscope.core.models import coverage
 from cdscope.errors import CdscopeError
+from cdscope.tools import tiny
 
 #: Falcon's three layouts: per key/value group (new decoder architecture), [q | k | v]
 #: with one key/value head (multi-query), per head [q_h | k_h | v_h] (neither)
@@ -33,13 +33,13 @@ FALCON = {
 def _model(name: str) -> torch.nn.Module:
     """A float64 coverage model; Falcon variants with their config changes."""
     if name not in FALCON:
-        return coverage.tiny_model(name)
-    saved = coverage.TWEAKS["falcon"]
-    coverage.TWEAKS["falcon"] = {"head_dim": None, **FALCON[name]}
+        return tiny.tiny_model(name)
+    saved = tiny.TWEAKS["falcon"]
+    tiny.TWEAKS["falcon"] = {"head_dim": None, **FALCON[name]}
     try:
-        return coverage.tiny_model("falcon")
+        return tiny.tiny_model("falcon")
     finally:
-        coverage.TWEAKS["falcon"] = saved
+        tiny.TWEAKS["falcon"] = saved
 
 
 def _split_by_model_code(model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
@@ -163,7 +163,7 @@ def _paths_of(model, name: str, layer: int):  # noqa: ANN001, ANN202
 
 @pytest.mark.parametrize("name", ["gpt_neox", "deepseek_v3"])
 def test_single_paths_match_brute_force(name: str) -> None:
-    model, batch = _model(name), coverage.random_batch()
+    model, batch = _model(name), tiny.random_batch()
     result = edge_scores(model, batch)
     index = {edge: e for e, edge in enumerate(result.graph.edges())}
     b = 0

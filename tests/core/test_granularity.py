@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from cdscope.cli import app
 from cdscope.core.control import control_autograd, control_finite_difference
 from cdscope.core.gating.model import GatedModel
-from cdscope.core.models import coverage
 from cdscope.core.models.discovery import run_probe
 from cdscope.errors import CdscopeError
+from cdscope.tools import tiny
 from tests.helpers import tiny_model, write_pool
 
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
@@ -35,7 +35,7 @@ OTHERS = [
 
 def _model(arch: str):  # noqa: ANN202
     """float64 random models of coverage's tiny configs (llama: 4 heads of 16, 96 neurons)."""
-    return coverage.tiny_model(arch)
+    return tiny.tiny_model(arch)
 
 
 def _summed_per_write(result, gate_set) -> np.ndarray:  # noqa: ANN001
@@ -57,7 +57,7 @@ CASES = (
 
 @pytest.mark.parametrize(("arch", "granularity"), CASES)
 def test_unit_gradients_sum_to_the_write_gradient(arch: str, granularity: str) -> None:
-    model, batch = _model(arch), coverage.random_batch()
+    model, batch = _model(arch), tiny.random_batch()
     with GatedModel(model) as gm:
         whole = control_autograd(gm, batch)
     with GatedModel(model, granularity=granularity) as gm:
@@ -85,7 +85,7 @@ def test_unit_counts_and_indices() -> None:
     mlp = [u for u in units if u.layer == 0 and u.sublayer == "mlp"]
     assert [u.unit for u in attn] == [0, 1, 2, 3] and [u.unit for u in mlp] == list(range(96))
     assert [u.index for u in units] == list(range(len(units)))
-    with GatedModel(coverage.tiny_model("qwen2_moe"), granularity="expert") as gm:
+    with GatedModel(tiny.tiny_model("qwen2_moe"), granularity="expert") as gm:
         moe = [u for u in gm.gate_set.units if u.layer == 0 and u.sublayer == "moe"]
         attn = [u for u in gm.gate_set.units if u.layer == 0 and u.sublayer == "attn"]
     assert [u.unit for u in moe] == [0, 1, 2, 3, 4]  # 4 routed experts + the shared one
@@ -98,7 +98,7 @@ def test_unit_gates_at_one_are_bit_exact(arch: str, dtype: torch.dtype) -> None:
     """Also GPT-2 (Conv1D projections), GPT-NeoX (parallel, biased), OPT (fc2 is the MLP
     write itself, rows flattened to [B*T, H])."""
     model = _model(arch).to(dtype)
-    ids = coverage.random_batch().input_ids
+    ids = tiny.random_batch().input_ids
     plain = run_probe(model, ids)
     for granularity in ("neuron", "expert" if arch in (*MOE, "deepseek_v3") else "head"):
         with GatedModel(model, granularity=granularity) as gm:
@@ -149,7 +149,7 @@ def _direct_unit_norms(model, arch: str, granularity: str, ids) -> dict:  # noqa
 @pytest.mark.parametrize(("arch", "granularity"), [("llama", "head"), ("mixtral", "expert")])
 def test_unit_F_is_the_norm_of_the_unit_contribution(arch: str, granularity: str) -> None:
     model = _model(arch)
-    ids = coverage.random_batch().input_ids
+    ids = tiny.random_batch().input_ids
     direct = _direct_unit_norms(model, arch, granularity, ids)
     with GatedModel(model, granularity=granularity) as gm:
         ones = torch.ones(ids.shape[0], gm.gate_set.K, dtype=torch.float64)
@@ -166,7 +166,7 @@ def test_unit_F_is_the_norm_of_the_unit_contribution(arch: str, granularity: str
 
 @pytest.mark.parametrize(("arch", "granularity"), [("llama", "head"), ("qwen2_moe", "expert")])
 def test_unit_gradients_match_finite_differences(arch: str, granularity: str) -> None:
-    model, batch = _model(arch), coverage.random_batch()
+    model, batch = _model(arch), tiny.random_batch()
     with GatedModel(model, granularity=granularity) as gm:
         fast = control_autograd(gm, batch)
         picked = [u.index for u in gm.gate_set.units if u.unit is not None][:6]
@@ -189,9 +189,9 @@ def test_result_frame_has_a_nullable_unit_column(tmp_path) -> None:  # noqa: ANN
     from cdscope.commands.probe import result_frame
     from cdscope.io import read_parquet, write_parquet
 
-    model = coverage.tiny_model("qwen3_moe")
+    model = tiny.tiny_model("qwen3_moe")
     with GatedModel(model, granularity="expert") as gm:
-        result = control_autograd(gm, coverage.random_batch())
+        result = control_autograd(gm, tiny.random_batch())
     frame = result_frame("m", 0, result)
     assert str(frame["unit"].dtype) == "Int64"
     whole = frame[frame["sublayer"] == "attn"]

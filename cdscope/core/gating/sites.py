@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from cdscope.core.gating.vocabulary import (
     rows_first,
 )
 from cdscope.hooks import first_tensor, replace_first
+
+if TYPE_CHECKING:  # sites sit below the models tier: the proof installs them
+    from cdscope.core.models.architecture import Architecture
 
 #: the arguments of a fused experts module's forward (transformers' 3D-parameter experts)
 EXPERT_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
@@ -37,13 +41,25 @@ class WriteSite:
     sublayer: str
     module: nn.Module
     unit: int | None = None  # a shared MoE expert is a unit of its write
+    #: several residual streams (``cdscope.core.models.streams``): the module whose output
+    #: element ``expand_index`` holds the stream weights ``e`` the write enters them with
+    expand: nn.Module | None = None
+    expand_index: int = 0
+    _weights: list = field(default_factory=list, repr=False)  # e of the current forward
 
     @property
     def units(self) -> tuple[GateUnit, ...]:
         return (GateUnit(self.k, self.layer, self.sublayer, self.unit),)
 
     def install(self, gm: GateState) -> list[RemovableHandle]:
-        return [self.module.register_forward_hook(self.hook(gm))]
+        handles = []
+        if self.expand is not None:
+
+            def keep(module: nn.Module, args: tuple, output: object) -> None:
+                self._weights[:] = [output[self.expand_index].detach()]
+
+            handles.append(self.expand.register_forward_hook(keep))
+        return [*handles, self.module.register_forward_hook(self.hook(gm))]
 
     def hook(self, gm: GateState):  # noqa: ANN201 - torch hook signature
         k = self.k
@@ -54,6 +70,8 @@ class WriteSite:
             if gm.capture is not None:
                 wide = write.detach().to(torch.promote_types(write.dtype, torch.float32))
                 norms = wide.norm(dim=-1)
+                if self.expand is not None:  # |e (x) w| = |e| |w| at each position
+                    norms = norms * self._weights[0].to(norms).norm(dim=-1)
                 gm.capture.norms[k] = norms if rows is None else norms.reshape(rows, -1)
             if gm.gates is None:
                 return None
@@ -62,6 +80,21 @@ class WriteSite:
             return replace_first(output, write * g)
 
         return hook
+
+
+def write_sites(model: nn.Module, arch: Architecture) -> list[WriteSite]:
+    """One gate per residual write of ``arch``, in gate order (the sublayer gate set)."""
+    return [
+        WriteSite(
+            k,
+            w.layer,
+            w.role,
+            model.get_submodule(w.path),
+            expand=model.get_submodule(w.expand) if w.expand else None,
+            expand_index=w.expand_index,
+        )
+        for k, w in enumerate(arch.writes)
+    ]
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,14 @@ from functools import partial
 import torch
 from torch import nn
 
-from cdscope.core.gating.sites import EXPERT_ARGS, ExpertSite, SliceSite, WriteSite, out_in_weight
+from cdscope.core.gating.sites import (
+    EXPERT_ARGS,
+    ExpertSite,
+    SliceSite,
+    WriteSite,
+    out_in_weight,
+    write_sites,
+)
 from cdscope.core.gating.vocabulary import GateSite
 from cdscope.core.models import discovery as d
 from cdscope.core.models.architecture import Architecture, Write
@@ -159,6 +166,11 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list[G
             f"{arch.model_type} has no {_WHAT[granularity]} (its writes are "
             f"{', '.join(sorted({w.role for w in arch.writes}))}): use another --granularity"
         )
+    if any(w.expand for w in arch.writes):
+        raise CdscopeError(
+            f"{arch.model_type}'s writes enter several residual streams (hyper-connections): "
+            "a unit's F would miss the stream weights; use --granularity sublayer"
+        )
     for w in arch.writes:
         if kinds[w.path] and w.post_norm:
             raise CdscopeError(
@@ -183,12 +195,6 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list[G
         sites.append(site)
         k += len(site.units)
     return sites
-
-
-def write_sites(model: nn.Module, arch: Architecture) -> list[GateSite]:
-    """One gate per residual write of ``arch``, in gate order (the sublayer gate set)."""
-    writes = arch.write_modules(model)
-    return [WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(writes)]
 
 
 SiteBuilder = Callable[[nn.Module, Architecture], list[GateSite]]

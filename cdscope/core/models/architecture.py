@@ -24,12 +24,19 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from cdscope.core.models import diagnosis, streams, widened
 from cdscope.core.models import discovery as d
-from cdscope.core.models import widened
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
 
 ROLES = ("attn", "mlp", "moe", "mixer")
+
+#: ``model_type`` -> write module paths relative to a block, in call order (see docstring).
+OVERRIDES: dict[str, tuple[str, ...]] = {
+    # two attention + MLP sublayer pairs and a shortcut MoE that reads the stream after the
+    # first attention and writes last: five writes, past the search's four (issue 31)
+    "longcat_flash": ("self_attn.0", "mlp.experts", "mlps.0", "self_attn.1", "mlps.1"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,10 @@ class Write:
     pre_norm: str | None = None  # module whose input is the stream the sublayer reads
     readers: tuple[str, ...] = ()  # modules inside the sublayer reading its input
     reads_stream: bool = False  # the sublayer's input is the stream itself (no pre-norm)
+    #: several residual streams (``cdscope.core.models.streams``): the write enters them as
+    #: ``e (x) output`` with ``e`` element ``expand_index`` of module ``expand``'s output
+    expand: str | None = None
+    expand_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,9 @@ class Architecture:
     num_layers: int
     writes: tuple[Write, ...]
     final_norm: str | None  # module reading the last block's output (the LM head's input)
-    source: str = "discovered"  # how the layout was found (cdscope inspect's source_of_layout)
+    #: how the layout was found: "discovered", or "override" (OVERRIDES named the writes;
+    #: proven like any other)
+    source: str = "discovered"
     proof: object = field(default=None, compare=False)  # cdscope.core.models.proof.ProofResult
 
     @property
@@ -148,6 +161,25 @@ def _wire(
     return writes
 
 
+def _wire_expanded(
+    model: nn.Module, layer: int, block_path: str, found: streams.ExpandedFit
+) -> list[Write]:
+    """The expanded writes of a multi-stream block (no pre-norms or readers: eap-info
+    refuses several streams)."""
+    return [
+        Write(
+            layer=layer,
+            role=d.role_of(model, name, block_path),
+            path=name,
+            sublayer=name,
+            scale=float(scale),
+            expand=e.path,
+            expand_index=e.index,
+        )
+        for name, scale, e in zip(found.fit.names, found.fit.scales, found.expansions, strict=True)
+    ]
+
+
 def overflow_check(model_type: str, layer: int, h: torch.Tensor, dtype: torch.dtype) -> None:
     """Refuse hidden states whose square overflows the dtype norms compute in (float32 for
     fp32/bf16/fp16 models: |h| > 1.8e19): RMSNorm / LayerNorm then divide by inf and every
@@ -182,6 +214,7 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         trace = d.trace_forward(model, blocks, ids)
         searched = trace.blocks
     search_dtype = widened.search_dtype(dtype)
+    override = OVERRIDES.get(model_type)
     writes: list[Write] = []
     hints: dict[str, tuple[str, ...]] = {}
     for layer, (block, bt) in enumerate(zip(blocks, searched, strict=True)):
@@ -207,11 +240,21 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
             )
         for h in (bt.h_in, bt.h_out):
             overflow_check(model_type, layer, h, dtype)
-        hint = hints.get(key)
+        hint = override or hints.get(key)
+        if reason := diagnosis.recurrent(own):
+            raise CdscopeError(f"{model_type}: layer {layer}: {reason}")
+        block_dtype = d.adding_dtype(bt.h_out, search_dtype)
         try:
             found = d.solve_block(
-                bt, search_dtype, tuple(prefix + h for h in hint) if hint else None
+                bt, block_dtype, tuple(prefix + h for h in hint) if hint else None
             )
+        except d.NotAdditive as exc:
+            expanded = streams.solve_expanded(bt, block_dtype)
+            if expanded is None:
+                why = diagnosis.why_not_additive(bt, model, prefix, block_dtype)
+                raise CdscopeError(f"{model_type}: layer {layer}: {exc}: {why}") from None
+            writes += _wire_expanded(model, layer, prefix[:-1], expanded)
+            continue
         except CdscopeError as exc:
             raise CdscopeError(f"{model_type}: layer {layer}: {exc}") from None
         hints[key] = tuple(n[len(prefix) :] for n in found.names)
@@ -224,6 +267,7 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         num_layers=len(blocks),
         writes=tuple(writes),
         final_norm=min(final, key=lambda r: r.order).name if final else None,
+        source="override" if override else "discovered",
     )
     return arch, trace, ids
 

@@ -83,6 +83,16 @@ def tolerance(dtype: torch.dtype) -> float:
     return 8 * torch.finfo(dtype).eps
 
 
+def adding_dtype(h_out: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a block added its writes in: float32 when a float64 block's output is a
+    float32 value in every element (HY-V4's hyper-connections add in float32 whatever the
+    model's dtype: random float64 sums are never all float32-exact), else ``dtype``. The
+    write-sum identity of such a block holds to float32's rounding, not float64's."""
+    if dtype == torch.float64 and torch.equal(h_out, h_out.float().to(h_out.dtype)):
+        return torch.float32
+    return dtype
+
+
 def write_sum_error(
     h_in: torch.Tensor, h_out: torch.Tensor, terms: list[torch.Tensor] | torch.Tensor
 ) -> float:
@@ -120,6 +130,8 @@ class Record:
     out: torch.Tensor | None = None
     inp_ptr: int = 0  # storage addresses: tell equal-valued tensors apart (Falcon's two
     out_ptr: int = 0  # freshly initialised pre-norms)
+    #: every tensor of a tuple output (a hyper-connection's stream weights are not its first)
+    outs: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass
@@ -129,6 +141,7 @@ class BlockTrace:
     h_in: torch.Tensor | None = None
     h_out: torch.Tensor | None = None
     records: dict[str, Record] = field(default_factory=dict)
+    calls: int = 0  # > 1: a block run several times in one forward (a recurrent stack)
 
 
 @dataclass
@@ -256,6 +269,10 @@ def _recorder(record: Record, counter: list[int]):  # noqa: ANN202
         inp, out = input_tensor(args, kwargs), first_tensor(output)
         record.inp = None if inp is None else inp.detach().clone()
         record.out = None if out is None else out.detach().clone()
+        if isinstance(output, (tuple, list)) and len(output) > 1:
+            record.outs = tuple(t.detach().clone() for t in output if isinstance(t, torch.Tensor))
+        else:
+            record.outs = () if record.out is None else (record.out,)
         record.inp_ptr = 0 if inp is None else inp.data_ptr()
         record.out_ptr = 0 if out is None else out.data_ptr()
 
@@ -267,6 +284,7 @@ def block_io_hook(trace: BlockTrace):  # noqa: ANN201 - torch hook signature
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
         h_in, h_out = input_tensor(args, kwargs), first_tensor(output)
+        trace.calls += 1
         trace.h_in = None if h_in is None else h_in.detach().clone()
         trace.h_out = None if h_out is None else h_out.detach().clone()
 
@@ -454,7 +472,10 @@ def solve_block(trace: BlockTrace, dtype: torch.dtype, hint: tuple[str, ...] | N
             for f in fits:
                 best = f if best is None or f.error < best.error else best
     detail = f" (closest: {', '.join(best.names)}, rel. error {best.error:.1e})" if best else ""
-    raise CdscopeError(
-        f"no set of module outputs sums to the block's residual update h_out - h_in{detail}: "
-        "not a residual decoder block (post-LN or custom block?)"
+    raise NotAdditive(
+        f"no set of module outputs sums to the block's residual update h_out - h_in{detail}"
     )
+
+
+class NotAdditive(CdscopeError):
+    """No write set fits a block; ``cdscope.core.models.diagnosis`` says why, measured."""

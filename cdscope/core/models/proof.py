@@ -10,7 +10,8 @@ the hooks ``cdscope.core.gating.model.GatedModel`` installs at sublayer granular
    every element i, ``|h_out - h_in - sum_k s_k w_k|_i <= 8 eps(dtype) * (|h_in| + |h_out|
    + sum_k |s_k w_k|)_i`` (``discovery.write_sum_error``: the rounding of at most 8
    additions and scalings in the model's dtype, with a margin of 2) — nothing but the
-   gated writes changes the stream inside a block;
+   gated writes changes the stream inside a block (a write into several residual streams
+   counts as its expanded ``e (x) w``, ``cdscope.core.models.streams``);
 3. **zero gates**: with every g = 0 the last block's output equals the first block's
    input bit for bit — nothing else writes to the stream between or inside blocks.
 
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cdscope.core.gating.sites import WriteSite
+from cdscope.core.gating.sites import WriteSite, write_sites
 from cdscope.core.gating.vocabulary import GateState, gate_dtype
 from cdscope.core.models import discovery as d
+from cdscope.core.models import streams
 from cdscope.core.models.head import own_head
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
@@ -70,6 +72,7 @@ def _gated_forward(
     blocks = arch.layers(model)
     ios: list = [None] * len(blocks)
     outs: list = [None] * arch.K
+    weights: list = [None] * arch.K  # stream weights of expanded writes
     state = GateState(
         gates=torch.full(
             (1, arch.K), value, dtype=gate_dtype(next(model.parameters()).dtype), device=ids.device
@@ -91,6 +94,12 @@ def _gated_forward(
 
         return hook
 
+    def weights_hook(k: int, index: int):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            weights[k] = output[index].detach().clone()
+
+        return hook
+
     def register(hooks: HookSet) -> None:
         for site in sites:  # the gate hooks first ...
             for handle in site.install(state):
@@ -99,11 +108,21 @@ def _gated_forward(
             hooks.add(block.register_forward_hook(block_hook(i), with_kwargs=True))
         for site in sites:  # ... so these see the gated output
             hooks.forward(site.module, write_hook(site.k))
+        for k, w in enumerate(arch.writes):
+            if w.expand:
+                hooks.forward(model.get_submodule(w.expand), weights_hook(k, w.expand_index))
 
     with HookSet("proof") as hooks:
         register(hooks)
         logits = d.run_probe(model, ids)
-    return logits, ios, outs
+    return logits, ios, outs, weights
+
+
+def _term(write, out: torch.Tensor, weights, h_in: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """``s_k w_k`` in float64, shaped like the stream (expanded over several streams)."""
+    if write.expand:
+        return write.scale * streams.expand(weights, out, h_in)
+    return write.scale * out.double().reshape(h_in.shape)
 
 
 def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, start: float):  # noqa: ANN001
@@ -112,15 +131,13 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
     dtype_name = str(dtype).removeprefix("torch.")
     tol = d.tolerance(dtype)
     name = arch.model_type
-    sites = [
-        WriteSite(k, layer, sub, m) for k, (layer, sub, m) in enumerate(arch.write_modules(model))
-    ]
+    sites = write_sites(model, arch)
     require_finite(  # before check 1, which would report NaN != NaN as a broken hook
         [(f"{name}: the ungated probe forward's logits", reference)],
         hint="non-finite logits although every hidden state is finite (NaN/inf weights in "
         "the final norm or LM head?): the gates cannot be proven",
     )
-    logits, ios, outs = _gated_forward(model, arch, sites, ids, 1.0)
+    logits, ios, outs, weights = _gated_forward(model, arch, sites, ids, 1.0)
     if not torch.equal(logits, reference):
         err = (logits.double() - reference.double()).abs().max().item()
         raise CdscopeError(
@@ -131,8 +148,9 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
     worst = 0.0
     for layer, (h_in, h_out) in enumerate(ios):
         ks = [k for k, w in enumerate(arch.writes) if w.layer == layer]
-        terms = [arch.writes[k].scale * outs[k].double().reshape(h_in.shape) for k in ks]
+        terms = [_term(arch.writes[k], outs[k], weights[k], h_in) for k in ks]
         err = d.write_sum_error(h_in, h_out, terms)
+        tol = max(tol, d.tolerance(d.adding_dtype(h_out, dtype)))  # HY-V4: float32 sums
         worst = max(worst, err)
         if not err <= tol:
             hint = "; load the model in float32" if dtype in HALF else ""
@@ -141,7 +159,7 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
                 f"gated writes in {dtype_name} (rel. error {err:.1e} > {tol:.1e}, 8 epsilons "
                 f"of {dtype_name}){hint}"
             )
-    _, ios0, _ = _gated_forward(model, arch, sites, ids, 0.0)
+    _, ios0, _, _ = _gated_forward(model, arch, sites, ids, 0.0)
     zero_err = (ios0[-1][1].double() - ios0[0][0].double()).abs().max().item()
     if zero_err != 0.0:
         raise CdscopeError(

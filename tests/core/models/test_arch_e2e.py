@@ -2,7 +2,7 @@
 saved with a tokenizer to a local directory, run through the command line as a user
 would: ``inspect --json``, ``probe``, ``bshared`` and ``eap-info``.
 
-Each checkpoint is a coverage config (``cdscope.core.models.coverage.tiny_config``) in float32
+Each checkpoint is a coverage config (``cdscope.core.models.tiny.tiny_config``) in float32
 with every 1-D parameter (norm weights, biases) drawn at random too, so that norms that
 are equal at initialisation (Falcon's ln_attn and ln_mlp) are told apart. Checked:
 
@@ -28,8 +28,8 @@ from typer.testing import CliRunner
 
 from cdscope.cli import app
 from cdscope.core.batch import encode_probe
-from cdscope.core.models import coverage
 from cdscope.core.probes import draw_probe, load_pool
+from cdscope.tools import tiny
 from tests.helpers import NAMED, gate_gradient, write_pool
 
 TYPES = [*sorted(NAMED), "bamba"]  # eight named types, Jamba and Bamba (hybrids)
@@ -45,12 +45,12 @@ def invoke(*args: object):
 
 def _checkpoint(model_type: str, directory: Path) -> Path:
     torch.manual_seed(1)
-    model = coverage.tiny_model(model_type)
+    model = tiny.tiny_model(model_type)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn_like(p))
-    return coverage.save_checkpoint(model, directory)  # float32, with the byte tokenizer
+    return tiny.save_checkpoint(model, directory)  # float32, with the byte tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from cdscope.core.models import coverage
 from cdscope.core.models.architecture import architecture_of, discover
 from cdscope.core.models.proof import prove
 from cdscope.errors import CdscopeError
+from cdscope.tools import tiny
 from tests.helpers import NAMED, byte_tokenizer, invoke, tiny_model
 
 #: the issue's named types: (roles of layer 0, roles of layer 1, parallel, post-norm)
@@ -21,7 +21,7 @@ from tests.helpers import NAMED, byte_tokenizer, invoke, tiny_model
 @pytest.mark.parametrize("model_type", sorted(NAMED))
 def test_named_architectures_are_discovered_and_proven(model_type: str) -> None:
     layer0, layer1, parallel, post = NAMED[model_type]
-    arch = architecture_of(coverage.tiny_model(model_type))
+    arch = architecture_of(tiny.tiny_model(model_type))
     assert (arch.roles(0), arch.roles(1)) == (layer0, layer1)
     assert len(layer0) + len(layer1) == arch.K
     assert any(w.parallel for w in arch.writes) == parallel

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from cdscope.core.likelihood import row_target_logprobs
-from cdscope.core.models import coverage
 from cdscope.core.models.architecture import architecture_of
+from cdscope.tools import tiny
 
 #: (model type, config changes, whether cdscope's own head reproduces the model's logits)
 CASES = [
@@ -35,7 +35,7 @@ def _model(model_type: str, changes: dict):  # noqa: ANN202
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = coverage.tiny_config(model_type)
+    config = tiny.tiny_config(model_type)
     for key, value in changes.items():
         setattr(config, key, value)
     model = AutoModelForCausalLM.from_config(
@@ -47,7 +47,7 @@ def _model(model_type: str, changes: dict):  # noqa: ANN202
 @pytest.mark.parametrize(("model_type", "changes", "own"), CASES, ids=[c[0] for c in CASES])
 def test_row_loglikelihood_is_the_models_own(model_type: str, changes: dict, own: bool) -> None:
     model = _model(model_type, changes)
-    batch = coverage.random_batch()
+    batch = tiny.random_batch()
     rows = torch.arange(4)
     assert architecture_of(model).proof.own_head is own
     with torch.no_grad():
@@ -68,7 +68,7 @@ def test_inspect_says_where_the_logits_come_from(tmp_path) -> None:
     from tests.helpers import invoke
 
     for model_type, changes, own in (CASES[0], CASES[2]):
-        directory = coverage.save_checkpoint(_model(model_type, changes), tmp_path / model_type)
+        directory = tiny.save_checkpoint(_model(model_type, changes), tmp_path / model_type)
         result = invoke("inspect", "-m", directory, "--json")
         assert result.exit_code == 0, result.output
         assert f'"own_head": {str(own).lower()}' in result.output

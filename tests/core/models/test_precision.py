@@ -12,7 +12,7 @@ import torch
 
 from cdscope.core.control import control_autograd, control_finite_difference
 from cdscope.core.gating.model import GatedModel
-from cdscope.core.models import coverage, discovery, widened
+from cdscope.core.models import discovery, widened
 from cdscope.core.models.architecture import architecture_of
 from cdscope.core.models.float64 import float64_throughout
 from cdscope.core.models.loading import (
@@ -22,6 +22,7 @@ from cdscope.core.models.loading import (
     resolve_dtype,
 )
 from cdscope.errors import CdscopeError
+from cdscope.tools import coverage, tiny
 
 HALF = ("bfloat16", "float16")
 
@@ -34,12 +35,12 @@ def _layout(arch) -> list[tuple]:  # noqa: ANN001
 
 
 def _saved(model_type: str, directory: Path, scale_o_proj: float | None = None) -> Path:
-    model = coverage.tiny_model(model_type)
+    model = tiny.tiny_model(model_type)
     if scale_o_proj is not None:  # attention writes ~1e-3 of the stream: below bf16's grain
         with torch.no_grad():
             for block in model.model.layers:
                 block.self_attn.o_proj.weight.mul_(scale_o_proj)
-    return coverage.save_checkpoint(model, directory)
+    return tiny.save_checkpoint(model, directory)
 
 
 def test_writes_below_bfloat16_rounding_are_found_on_float32_block_copies(tmp_path) -> None:
@@ -171,12 +172,12 @@ def test_a_kernel_without_the_dtype_stops_at_the_first_forward(tmp_path) -> None
     """torch's CPU grouped matmul needs 16-byte aligned rows: bf16 experts of width 20
     (40 bytes) cannot run; one line names type, dtype, device and the way out."""
     torch.manual_seed(0)
-    config = coverage.tiny_config("mixtral")
+    config = tiny.tiny_config("mixtral")
     config.intermediate_size = 20
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(config)
-    directory = coverage.save_checkpoint(model, tmp_path / "odd")
+    directory = tiny.save_checkpoint(model, tmp_path / "odd")
     loaded = load_model(str(directory), device="cpu", dtype="bfloat16")
     with pytest.raises(
         CdscopeError,
@@ -194,11 +195,11 @@ def test_the_cli_refuses_a_dtype_the_model_or_device_cannot_run(tmp_path, moe_po
     from tests.helpers import invoke
 
     torch.manual_seed(0)
-    config = coverage.tiny_config("mixtral")
+    config = tiny.tiny_config("mixtral")
     config.intermediate_size = 20
     from transformers import AutoModelForCausalLM
 
-    directory = coverage.save_checkpoint(AutoModelForCausalLM.from_config(config), tmp_path / "o")
+    directory = tiny.save_checkpoint(AutoModelForCausalLM.from_config(config), tmp_path / "o")
     out = tmp_path / "p.parquet"
     for dtype, device, expected in (
         ("bfloat16", "cpu", "forward fails in bfloat16 on cpu: RuntimeError"),
@@ -219,8 +220,8 @@ def test_float64_throughout_removes_the_float32_floor() -> None:
     """A float64 Llama still runs its RMSNorm and rotary tables in float32: finite
     differences at h = 1e-4 then carry ~1e-3 of rounding noise; float64 throughout they
     agree with autograd to ~1e-10 (floors measured at 1 and 2 threads: 1.0e-3 and 6e-11)."""
-    model = coverage.tiny_model("llama")
-    batch = coverage.random_batch()
+    model = tiny.tiny_model("llama")
+    batch = tiny.random_batch()
     errors = []
     for exact in (False, True):
         with float64_throughout() if exact else nullcontext(), GatedModel(model) as gm:
@@ -273,7 +274,7 @@ def test_saved_moe_checkpoints_measure_in_float64_and_bfloat16(model_type, moe_p
     from cdscope.core.batch import encode_probe
     from cdscope.core.probes import draw_probe, load_pool
 
-    directory = coverage.save_checkpoint(coverage.tiny_model(model_type), tmp_path / "ckpt")
+    directory = tiny.save_checkpoint(tiny.tiny_model(model_type), tmp_path / "ckpt")
     exact, dl_dg, record = _probe(directory, moe_pool, tmp_path / "a.parquet", "--dtype", "float64")
     assert (record["dtype"], record["experts"]) == ("float64", "eager")
     assert record["attn"] in ("sdpa", "eager") and record["K"] == 4

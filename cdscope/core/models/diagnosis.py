@@ -1,0 +1,143 @@
+"""Why a block is not a sum of residual writes, measured on its captured forward (issue 31).
+
+``discovery.solve_block`` refuses a block when no set of module outputs sums to its
+update ``h_out - h_in``. The refusal then names what is not additive, from the same
+captured forward (``BlockTrace``), checked in this order:
+
+1. **a recurrent stack** (``recurrent``): the block ran more than once in one forward
+   (HRM's low- and high-level stacks run their layers once per cycle with shared
+   weights): a gate on a write would scale every cycle's call of it at once, so no gate
+   is the write of one step; checked before the search.
+2. **several residual streams** (``several_streams``): the block's stream holds ``n``
+   times as many numbers as its sublayers' outputs, and their last dimension is the
+   stream's (or a ``1/n`` of it): hyper-connections (DeepSeek-V4, Qwen4-exp, HY-v4) and
+   AltUp (Gemma-3n) keep ``n`` copies of the stream and mix them with learned weights,
+   so a sublayer's output reaches the streams only through that mixing.
+3. **a norm on the residual path** (``through_norm``): ``h_out`` equals a scaled output
+   of a norm inside the block plus at most two module outputs (least squares, within
+   ``discovery.tolerance``): the stream itself is normalised inside the block (post-LN:
+   BERT's ``output.LayerNorm``, MiniMax's DeepNorm-style ``post_attention_layernorm``,
+   RWKV's ``pre_ln`` of the embeddings in block 0), so ``h_out - h_in`` is no sum of writes.
+4. **no h_in term** (``replaces_stream``): ``h_out`` is a sum of at most three module
+   outputs without ``h_in``: the input reaches the output only inside a sublayer that
+   adds the residual itself (Megatron-BERT's attention) or not at all (Inkling-2's
+   block-attention residuals at a block boundary: the earlier blocks' states are kept
+   aside and attended over, and the stream starts again from the sublayers' outputs).
+
+Anything else keeps the generic reason. Module names are relative to the block and no
+measured number enters the text, so the refusal is the same on every CPU.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import torch
+from torch import nn
+
+from cdscope.core.models import discovery as d
+
+#: the generic reason when none of the measured ones applies
+GENERIC = "not a residual decoder block (post-LN or custom block?)"
+
+
+def _relative(name: str, prefix: str) -> str:
+    return name[len(prefix) :] if name.startswith(prefix) else name
+
+
+def _leaf_norm(module: nn.Module) -> bool:
+    """A norm without submodules (RoBERTa-PreLN's ``...PreLayerNormOutput`` is no norm)."""
+    return d.is_norm(module) and not any(True for _ in module.children())
+
+
+def recurrent(trace: d.BlockTrace) -> str | None:
+    """The reason a block that ran more than once in one forward cannot be gated."""
+    if trace.calls <= 1:
+        return None
+    return (
+        f"the block runs {trace.calls} times in one forward (its weights are shared across "
+        "recurrent cycles): a gate on one of its writes would scale every cycle's call at "
+        "once, so no gate is the write of one step"
+    )
+
+
+def several_streams(trace: d.BlockTrace, prefix: str) -> str | None:
+    """The reason when the stream is ``n`` copies of what the block's sublayers write."""
+    shape = tuple(trace.h_in.shape)
+    writers = []
+    for rec in sorted(trace.records.values(), key=lambda r: r.order):
+        if rec.depth != 1 or rec.calls != 1 or rec.out is None or not rec.out.numel():
+            continue
+        n, rest = divmod(trace.h_in.numel(), rec.out.numel())
+        width = rec.out.shape[-1]
+        if rest == 0 and n > 1 and width in (shape[-1], shape[-1] // n):
+            writers.append((n, width, _relative(rec.name, prefix)))
+    if not writers:
+        return None
+    n, width, _ = writers[0]
+    names = ", ".join(name for m, w, name in writers if (m, w) == (n, width))
+    return (
+        f"the block carries {n} residual streams (hidden state {list(shape)}) and its "
+        f"sublayers ({names}) write one stream's width ({width}): the block mixes the "
+        "streams with learned weights (hyper-connections / AltUp), so its update is no sum "
+        "of their outputs"
+    )
+
+
+def through_norm(
+    trace: d.BlockTrace, model: nn.Module, prefix: str, dtype: torch.dtype
+) -> str | None:
+    """The reason when the block's output is a norm's output plus module outputs."""
+    shape = trace.h_in.shape
+    pool = [
+        r
+        for r in sorted(trace.records.values(), key=lambda r: r.order)
+        if r.calls == 1 and r.out is not None and r.out.shape == shape
+    ]
+    norms = [r for r in pool if _leaf_norm(model.get_submodule(r.name))]
+    zero = torch.zeros_like(trace.h_out, dtype=torch.float64)
+    target = trace.h_out.double().reshape(-1, 1)
+    for size in range(3):  # the fewest other outputs first
+        for norm in norms:
+            others = [r for r in pool if r is not norm]
+            for combo in combinations(others, size):
+                X = torch.stack([r.out.double().reshape(-1) for r in (norm, *combo)], dim=1)  # noqa: N806
+                scales = torch.linalg.lstsq(X, target).solution[:, 0]
+                fits = d.write_sum_error(zero, trace.h_out, X * scales) <= d.tolerance(dtype)
+                if fits and abs(float(scales[0])) > 1e-6:
+                    name = _relative(norm.name, prefix)
+                    return (
+                        f"its output is {name}'s output plus module outputs: the stream "
+                        f"itself passes through the norm {name} inside the block (post-LN, "
+                        "or a norm of the block input that the writes are added to), so "
+                        "h_out - h_in is no sum of writes"
+                    )
+    return None
+
+
+def replaces_stream(trace: d.BlockTrace, dtype: torch.dtype) -> str | None:
+    """The reason when the block's output is a sum of module outputs without its input."""
+    pool = d.candidates(trace, d.MAX_DEPTH)
+    zero = torch.zeros_like(trace.h_in)
+    for size in range(1, 4):
+        for combo in combinations(pool, size):
+            if d.fit(d.BlockTrace(zero, trace.h_out), list(combo), dtype).error <= d.tolerance(
+                dtype
+            ):
+                return (
+                    "its output is a sum of module outputs with no h_in term of its own: "
+                    "the block input reaches the output only through a sublayer (one that "
+                    "adds the residual inside itself, or none: the block restarts the "
+                    "stream), so h_out - h_in is no sum of writes"
+                )
+    return None
+
+
+def why_not_additive(trace: d.BlockTrace, model: nn.Module, prefix: str, dtype: torch.dtype) -> str:
+    """The measured reason a block that no write set fits is refused (module docstring)."""
+    return (
+        several_streams(trace, prefix)
+        or through_norm(trace, model, prefix, dtype)
+        or replaces_stream(trace, dtype)
+        or GENERIC
+    )

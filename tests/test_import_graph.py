@@ -180,7 +180,8 @@ def test_relative_imports_resolve(
 
 #: the tiers of docs/ARCHITECTURE.md, lowest first: a module may import its own tier and
 #: the tiers below it, never one above (the ground floor is cdscope's top-level modules;
-#: model loading and the gate vocabulary its proof hooks use sit below the rest of core;
+#: the gates (vocabulary and sites: what a gate is, where it hooks) sit below model loading,
+#: whose proof installs them, and model loading below the rest of core;
 #: the developer tools, which measure with the whole stack, sit above everything, so no
 #: library module may import them)
 TIERS = (
@@ -190,8 +191,8 @@ TIERS = (
                 "cdscope.lock", "cdscope.fileset", "cdscope.launch",
                 "cdscope.version", "cdscope.lazy")),
     ("analysis", ("cdscope.analysis",)),
-    ("models", ("cdscope.core.models", "cdscope.core.gating.vocabulary",
-                "cdscope.core.gating.sites", "cdscope.core.gating.units")),
+    ("gates", ("cdscope.core.gates",)),
+    ("models", ("cdscope.core.models",)),
     ("core", ("cdscope.core", "cdscope.tasks")),
     ("output", ("cdscope.output",)),
     ("train", ("cdscope.train",)),

@@ -144,7 +144,7 @@ def gate_count(model: object, granularity: str = SUBLAYER) -> int:
     at sublayer, the residual writes of its proven architecture description (discovered
     from its forward, not ``2 x layers``: hybrids and MoE blocks differ); finer, the gates of
     ``GatedModel``'s gate set; at edge, the edges of its EAP graph."""
-    from cdscope.core.gating.registry import gates_for
+    from cdscope.core.granularities import gates_for
     from cdscope.settings import ProbeSettings
 
     ProbeSettings((0,), granularity=granularity)  # one line for an unknown granularity

@@ -18,8 +18,8 @@ from rich.console import Console
 
 from cdscope.core.batch import encode_probe, rows_per_forward
 from cdscope.core.control import ControlResult
-from cdscope.core.gating.registry import Gates, gates_for
-from cdscope.core.gating.vocabulary import GateSet
+from cdscope.core.gates.vocabulary import GateSet
+from cdscope.core.granularities import Gates, gates_for
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.loading import experts_in_use
 from cdscope.core.models.opening import ModelOptions
@@ -49,7 +49,7 @@ def distinct_models(names: Sequence[str]) -> None:
 
 def gated(loaded: LoadedModel, settings: ProbeSettings) -> Gates:
     """The gates a probe at ``settings.granularity`` measures through
-    (``cdscope.core.gating.registry``; enter them around the measurements)."""
+    (``cdscope.core.granularities``; enter them around the measurements)."""
     return gates_for(loaded.model, settings.granularity)
 
 

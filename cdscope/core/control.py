@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from cdscope.core.batch import ProbeBatch, family_mean, mean_at_predicting_positions, row_chunks
+from cdscope.core.gates.vocabulary import GateSet, gate_dtype
 from cdscope.core.gating.model import GatedModel
-from cdscope.core.gating.vocabulary import GateSet, gate_dtype
 from cdscope.core.grad_sink import gate_gradient
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device

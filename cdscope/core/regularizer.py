@@ -45,8 +45,8 @@ from torch import nn
 from cdscope.analysis.spectral import moment_ratio_torch, r_sensitivity_torch
 from cdscope.core.batch import ProbeBatch, row_chunks
 from cdscope.core.control import EPS0, ControlResult, control_autograd
+from cdscope.core.gates.vocabulary import gate_dtype
 from cdscope.core.gating.model import GatedModel
-from cdscope.core.gating.vocabulary import gate_dtype
 from cdscope.core.grad_sink import GradSink, gate_gradient
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cdscope.core.eap_graph import EdgeGraph
-from cdscope.core.gating.vocabulary import GateSet, GateUnit
+from cdscope.core.gates.vocabulary import GateSet, GateUnit
 from cdscope.core.models.architecture import Architecture
 from cdscope.settings.names import EDGE
 

@@ -36,8 +36,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from cdscope.core.gates.vocabulary import Capture, GateSet, GateSite, GateState
 from cdscope.core.gating.units import SITE_BUILDERS
-from cdscope.core.gating.vocabulary import Capture, GateSet, GateSite, GateState
 from cdscope.core.models.architecture import Architecture, architecture_of
 from cdscope.errors import CdscopeError
 from cdscope.hooks import HookSet

@@ -40,7 +40,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from cdscope.core.gating.sites import (
+from cdscope.core.gates.sites import (
     EXPERT_ARGS,
     ExpertSite,
     SliceSite,
@@ -48,7 +48,7 @@ from cdscope.core.gating.sites import (
     out_in_weight,
     write_sites,
 )
-from cdscope.core.gating.vocabulary import GateSite
+from cdscope.core.gates.vocabulary import GateSite
 from cdscope.core.models import discovery as d
 from cdscope.core.models.architecture import Architecture, Write
 from cdscope.core.models.placement import execution_device
@@ -199,7 +199,7 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list[G
 
 SiteBuilder = Callable[[nn.Module, Architecture], list[GateSite]]
 #: granularity -> the builder of its gate sites (``GatedModel``'s gate sets; the edge
-#: granularity measures through EAP's hooks instead: ``cdscope.core.gating.registry``)
+#: granularity measures through EAP's hooks instead: ``cdscope.core.granularities``)
 SITE_BUILDERS: dict[str, SiteBuilder] = {
     SUBLAYER: write_sites,
     **{name: partial(unit_sites, granularity=name) for name in UNIT_KINDS},

@@ -2,7 +2,7 @@
 
 Every time a model is gated, after discovery (whose captured forward gave the ungated
 logits) two more short forwards on the same ``PROBE_TOKENS`` tokens, in the model's
-dtype, with the real whole-write gate hooks installed (``cdscope.core.gating.sites.WriteSite``,
+dtype, with the real whole-write gate hooks installed (``cdscope.core.gates.sites.WriteSite``,
 the hooks ``cdscope.core.gating.model.GatedModel`` installs at sublayer granularity):
 
 1. **unit gates**: with g = 1 the logits equal the ungated logits bit for bit;
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cdscope.core.gating.sites import WriteSite, write_sites
-from cdscope.core.gating.vocabulary import GateState, gate_dtype
+from cdscope.core.gates.sites import WriteSite, write_sites
+from cdscope.core.gates.vocabulary import GateState, gate_dtype
 from cdscope.core.models import discovery as d
 from cdscope.core.models import streams
 from cdscope.core.models.head import own_head

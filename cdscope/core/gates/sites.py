@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from cdscope.core.gating.vocabulary import (
+from cdscope.core.gates.vocabulary import (
     GateState,
     GateUnit,
     gate_columns,
@@ -23,9 +22,6 @@ from cdscope.core.gating.vocabulary import (
     rows_first,
 )
 from cdscope.hooks import first_tensor, replace_first
-
-if TYPE_CHECKING:  # sites sit below the models tier: the proof installs them
-    from cdscope.core.models.architecture import Architecture
 
 #: the arguments of a fused experts module's forward (transformers' 3D-parameter experts)
 EXPERT_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
@@ -82,8 +78,10 @@ class WriteSite:
         return hook
 
 
-def write_sites(model: nn.Module, arch: Architecture) -> list[WriteSite]:
-    """One gate per residual write of ``arch``, in gate order (the sublayer gate set)."""
+def write_sites(model: nn.Module, arch) -> list[WriteSite]:  # noqa: ANN001 - an Architecture
+    """One gate per residual write of ``arch`` (a ``core.models.architecture.Architecture``,
+    not imported: sites sit below the models tier, whose proof installs them), in gate
+    order (the sublayer gate set)."""
     return [
         WriteSite(
             k,

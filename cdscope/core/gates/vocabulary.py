@@ -2,7 +2,7 @@
 ``GateSet``), the state hooks read during a gated forward (``GateState``, ``Capture``), what a
 gate site is (``GateSite``) and how a block of gate columns is shaped onto a tensor
 (``gate_columns``, ``per_row``, ``rows_first``). The granularity names are
-``cdscope.settings.names``'; the sites are ``cdscope.core.gating.sites``.
+``cdscope.settings.names``'; the sites are ``cdscope.core.gates.sites``.
 """
 
 from __future__ import annotations

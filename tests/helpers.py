@@ -5,6 +5,9 @@ task files, the CLI runner, a tiny training configuration and the gate-gradient 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import torch
@@ -267,3 +270,17 @@ def write_foreign_parquet(frame, path: Path, meta: dict) -> Path:  # noqa: ANN00
     extra = {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta).encode()}
     pq.write_table(table.replace_schema_metadata(extra), path)
     return Path(path)
+
+
+def run_launcher(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of a launcher (torchrun) in its own process group: on a timeout the
+    whole group is killed -- a hung rank is torchrun's child and would outlive it otherwise."""
+    with subprocess.Popen(cmd, start_new_session=True, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, **kwargs) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

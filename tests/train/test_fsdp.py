@@ -12,13 +12,13 @@ whose gradient comes back None. Every launch is bounded in time.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 from safetensors.torch import load_file
 
+from tests.helpers import run_launcher
 from tests.train.fsdp_run import tied_llama, write_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +33,7 @@ def _launch(script: str, nproc: int, *args: object) -> None:
     cmd = [sys.executable, path] if nproc == 1 else [
         str(TORCHRUN), "--standalone", f"--nproc_per_node={nproc}", path,
     ]  # fmt: skip
-    done = subprocess.run(
-        [*cmd, *map(str, args)], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=TIMEOUT,
-    )  # fmt: skip
+    done = run_launcher([*cmd, *map(str, args)], TIMEOUT, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

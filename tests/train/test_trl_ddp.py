@@ -11,7 +11,6 @@ the 2-rank weights equal the 1-process weights, and differ from a 1-process run 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import torch
 pytest.importorskip("trl", reason="trl not installed: pip install 'cdscope[trl]'")
 
 from safetensors.torch import load_file  # noqa: E402
+
+from tests.helpers import run_launcher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "train" / "trl_ddp_run.py"
@@ -36,7 +37,7 @@ def _run(workdir: Path, lam: float, nproc: int, *extra: str) -> dict[str, torch.
     else:
         torchrun = Path(sys.executable).with_name("torchrun")
         cmd = [str(torchrun), "--standalone", f"--nproc_per_node={nproc}", *args]
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    done = run_launcher(cmd, TIMEOUT, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return load_file(workdir / "run" / "final" / "model.safetensors")
 

@@ -271,7 +271,8 @@ def test_unsupported_architectures_are_refused_with_a_reason() -> None:
 #: (GPT-NeoX per head, Falcon per key/value group), latent attention read through (q, kv)
 #: (DeepSeek-V3; MiniCPM3 with a residual multiplier), hybrids whose mixers read through
 #: one path (Jamba, Bamba, Falcon-H1 with a mixer parallel to the attention,
-#: GraniteMoeHybrid with an MoE and a shared MLP on one norm, Qwen3-Next)
+#: GraniteMoeHybrid with an MoE and a shared MLP on one norm, Qwen3-Next), and the types
+#: issue 31 made build
 NEW_LAYOUTS = [
     "olmo2",
     "gptj",
@@ -288,6 +289,15 @@ NEW_LAYOUTS = [
     "falcon_h1",
     "granitemoehybrid",
     "qwen3_next",
+    # issue 31: configs that build now (xLSTM's mixers, Kimi's delta attention + MoE,
+    # LFM2's convolutions + MoE, Dots-1, Youtu's latent attention, Cohere-Compass's
+    # parallel residual)
+    "xlstm",
+    "kimi_linear",
+    "lfm2_moe",
+    "dots1",
+    "youtu",
+    "cohere_compass_text",
 ]
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from cdscope.cli import app
@@ -84,7 +85,15 @@ def ranks(args: list[str], world: int = 2) -> list[tuple[int, str, str]]:
 
 
 def single(*args: object) -> None:
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    """The same command in this process at one thread, as each rank runs (``_env``): the
+    thread count moves fp32 sums (C by ~1e-5 relative, docs/resume.md), and the suite's
+    thread count depends on which tests ran before (the test order once hid this)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
 
 

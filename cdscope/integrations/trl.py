@@ -48,7 +48,7 @@ import torch
 from rich.console import Console
 
 from cdscope.core.gating.model import GatedModel
-from cdscope.distributed import launch_env, process_group, release_garbage
+from cdscope.distributed import launch_env, process_group, quiesce_group
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
@@ -361,8 +361,7 @@ def train_with_trl(
         # every rank: an FSDP2 model's weights are gathered to rank 0, which writes
         final = save_final_model(inputs.model, inputs.tokenizer, Path(inputs.cfg.out_dir) / "final")
         steps_done = int(trainer.state.global_step)
-        # DDP's reducer goes while the group lives (see distributed.process_group)
-        del trainer
-        release_garbage()
+        del trainer  # DDP's reducer goes while the group lives (distributed.quiesce_group)
+        quiesce_group()
     log = pd.DataFrame(callback.rows)
     return TrainResult(Path(inputs.cfg.out_dir), log, steps_done, callback.resumed_from, final)

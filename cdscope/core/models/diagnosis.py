@@ -9,7 +9,7 @@ captured forward (``BlockTrace``), checked in this order:
    weights): a gate on a write would scale every cycle's call of it at once, so no gate
    is the write of one step; checked before the search.
 2. **a reversible residual** (``reversible``): the block takes two tensors of the
-   stream's shape (``X1, X2``) and returns two (``Y1, Y2``), each the other's input plus
+   stream's shape (``X1, X2``) and returns two (``Y1, Y2``), each an input half plus
    one sublayer's output that reads the other half (Reformer's RevNet coupling
    ``Y1 = X1 + attention(X2)``, ``Y2 = X2 + feed_forward(Y1)``, concatenated to ``2d``
    after the last block): the first tensor, the one gates and proof see, is one half, so

@@ -223,6 +223,27 @@ EXPLAINED: dict[str, tuple[str, str]] = {
         "the multimodal Gemma-3n: its vision tower needs timm (not a cdscope dependency); "
         "its text decoder is gemma3n_text's (refused: AltUp's mixed streams)",
     ),
+    "prophetnet": (
+        "feed_forward_layer_norm's output plus module outputs",
+        "the decoder of ProphetNet's encoder-decoder (ProphetNetForCausalLM drops the "
+        "encoder): its blocks are post-LN, their hidden state holds the main stream and "
+        "ngram = 2 predicting streams side by side on the sequence axis (3 x T positions), "
+        "and the logits read the first predicting stream, not the main one",
+    ),
+    "reformer": (
+        "a reversible residual",
+        "reversible residual layers (RevNet): two half-streams, Y1 = X1 + attention(X2) "
+        "and Y2 = X2 + feed_forward(Y1), concatenated to 2 x hidden_size before the LM "
+        "head; its layers also run under torch.no_grad (a custom backward recomputes them "
+        "and asserts model.train()), so no gradient reaches a gate in eval",
+    ),
+    "xlnet": (
+        "ff.layer_norm's output plus module outputs",
+        "a permutation LM, not a causal decoder: with its default attn_type 'bi' and no "
+        "perm_mask every position attends to later tokens, its query stream (two-stream "
+        "attention) runs only given target_mapping, and the content stream's blocks are "
+        "post-LN",
+    ),
     "xglm": (
         "cannot be converted to type float without overflow",
         "its attention builds float64's most negative value with torch.full and no "

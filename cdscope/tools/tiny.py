@@ -172,6 +172,37 @@ TWEAKS: dict[str, dict] = {
     # the last layer reads the key/value cache of the first (15 shared layers by default)
     "gemma3n_text": dict(num_kv_shared_layers=1),
     "xlstm": dict(v_head_dim=None, num_blocks=2, embedding_dim=64),
+    # the decoder of an encoder-decoder: ProphetNetForCausalLM drops the encoder itself
+    # (is_decoder=True, is_encoder_decoder=False); num_hidden_layers is read-only
+    "prophetnet": dict(
+        num_hidden_layers=None,
+        is_encoder_decoder=False,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        num_encoder_attention_heads=4,
+        num_decoder_attention_heads=4,
+        encoder_ffn_dim=96,
+        decoder_ffn_dim=96,
+    ),
+    # the LM head needs is_decoder (causal attention); one local and one LSH layer; the
+    # axial position table's two factors multiply to max_position_embeddings (128) and
+    # its widths sum to hidden_size; LSH hashes with a fixed seed (else every forward
+    # draws new random rotations)
+    "reformer": dict(
+        is_decoder=True,
+        attn_layers=["local", "lsh"],
+        attention_head_size=16,
+        feed_forward_size=96,
+        axial_pos_shape=[8, 16],
+        axial_pos_embds_dim=[16, 48],
+        local_attn_chunk_length=8,
+        lsh_attn_chunk_length=8,
+        hash_seed=0,
+    ),
+    # max_position_embeddings is read-only (no length limit: relative positions)
+    "xlnet": dict(
+        max_position_embeddings=None, d_model=64, n_layer=2, n_head=4, d_head=16, d_inner=96
+    ),
 }
 
 

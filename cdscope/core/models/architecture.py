@@ -241,9 +241,9 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         for h in (bt.h_in, bt.h_out):
             overflow_check(model_type, layer, h, dtype)
         hint = override or hints.get(key)
-        if reason := diagnosis.recurrent(own):
-            raise CdscopeError(f"{model_type}: layer {layer}: {reason}")
         block_dtype = d.adding_dtype(bt.h_out, search_dtype)
+        if reason := diagnosis.recurrent(own) or diagnosis.reversible(bt, prefix, block_dtype):
+            raise CdscopeError(f"{model_type}: layer {layer}: {reason}")
         try:
             found = d.solve_block(
                 bt, block_dtype, tuple(prefix + h for h in hint) if hint else None

@@ -8,17 +8,23 @@ captured forward (``BlockTrace``), checked in this order:
    (HRM's low- and high-level stacks run their layers once per cycle with shared
    weights): a gate on a write would scale every cycle's call of it at once, so no gate
    is the write of one step; checked before the search.
-2. **several residual streams** (``several_streams``): the block's stream holds ``n``
+2. **a reversible residual** (``reversible``): the block takes two tensors of the
+   stream's shape (``X1, X2``) and returns two (``Y1, Y2``), each an input half plus
+   one sublayer's output that reads the other half (Reformer's RevNet coupling
+   ``Y1 = X1 + attention(X2)``, ``Y2 = X2 + feed_forward(Y1)``, concatenated to ``2d``
+   after the last block): the first tensor, the one gates and proof see, is one half, so
+   a write into the other half is missed; checked before the search (the half alone fits).
+3. **several residual streams** (``several_streams``): the block's stream holds ``n``
    times as many numbers as its sublayers' outputs, and their last dimension is the
    stream's (or a ``1/n`` of it): hyper-connections (DeepSeek-V4, Qwen4-exp, HY-v4) and
    AltUp (Gemma-3n) keep ``n`` copies of the stream and mix them with learned weights,
    so a sublayer's output reaches the streams only through that mixing.
-3. **a norm on the residual path** (``through_norm``): ``h_out`` equals a scaled output
+4. **a norm on the residual path** (``through_norm``): ``h_out`` equals a scaled output
    of a norm inside the block plus at most two module outputs (least squares, within
    ``discovery.tolerance``): the stream itself is normalised inside the block (post-LN:
    BERT's ``output.LayerNorm``, MiniMax's DeepNorm-style ``post_attention_layernorm``,
    RWKV's ``pre_ln`` of the embeddings in block 0), so ``h_out - h_in`` is no sum of writes.
-4. **no h_in term** (``replaces_stream``): ``h_out`` is a sum of at most three module
+5. **no h_in term** (``replaces_stream``): ``h_out`` is a sum of at most three module
    outputs without ``h_in``: the input reaches the output only inside a sublayer that
    adds the residual itself (Megatron-BERT's attention) or not at all (Inkling-2's
    block-attention residuals at a block boundary: the earlier blocks' states are kept
@@ -58,6 +64,45 @@ def recurrent(trace: d.BlockTrace) -> str | None:
         f"the block runs {trace.calls} times in one forward (its weights are shared across "
         "recurrent cycles): a gate on one of its writes would scale every cycle's call at "
         "once, so no gate is the write of one step"
+    )
+
+
+def reversible(trace: d.BlockTrace, prefix: str, dtype: torch.dtype) -> str | None:
+    """The reason when the block updates two half-streams, each by one sublayer's output
+    (``Y_j = X_i + o``, ``o`` a direct child's output, ``write_sum_error`` within
+    ``discovery.tolerance``; the halves are not named by position: Reformer's first block
+    takes the embeddings twice, ``X1 = X2``)."""
+    if len(trace.ins) < 2 or len(trace.outs) < 2:
+        return None
+    children = sorted(
+        (r for r in trace.records.values() if r.depth == 1 and r.calls == 1 and r.out is not None),
+        key=lambda r: r.order,
+    )
+    writers: dict[int, d.Record] = {}  # output index -> the sublayer that wrote it
+    for j, y in enumerate(trace.outs):
+        for r in children:
+            adds = (
+                not torch.equal(y, x) and d.write_sum_error(x, y, [r.out]) <= d.tolerance(dtype)
+                for x in trace.ins
+            )
+            taken = any(w is r for w in writers.values())
+            if not taken and r.out.shape == y.shape and any(adds):
+                writers[j] = r
+                break
+    if len(writers) < 2:
+        return None
+    names = [_relative(r.name, prefix) for r in sorted(writers.values(), key=lambda r: r.order)]
+    chained = [
+        f"{_relative(r.name, prefix)} reads the half {_relative(w.name, prefix)} wrote"
+        for r in writers.values()
+        for j, w in writers.items()
+        if w is not r and d._same(r.inp, trace.outs[j])
+    ]
+    return (
+        f"a reversible residual (two half-streams): the block takes {len(trace.ins)} tensors "
+        f"of the stream's shape and returns {len(trace.outs)}, each an input half plus one "
+        f"sublayer's output ({'; '.join([', '.join(names), *chained])}): the hidden state "
+        "gates and proof see is one half, so a write into the other half is not gated"
     )
 
 

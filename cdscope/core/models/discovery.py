@@ -142,6 +142,10 @@ class BlockTrace:
     h_out: torch.Tensor | None = None
     records: dict[str, Record] = field(default_factory=dict)
     calls: int = 0  # > 1: a block run several times in one forward (a recurrent stack)
+    #: every tensor of h_in's shape the block took / returned, in call order (a reversible
+    #: block's two half-streams: ``diagnosis.reversible``)
+    ins: tuple[torch.Tensor, ...] = ()
+    outs: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass
@@ -287,6 +291,11 @@ def block_io_hook(trace: BlockTrace):  # noqa: ANN201 - torch hook signature
         trace.calls += 1
         trace.h_in = None if h_in is None else h_in.detach().clone()
         trace.h_out = None if h_out is None else h_out.detach().clone()
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        shape = None if h_in is None else h_in.shape
+        for key, values in (("ins", (*args, *kwargs.values())), ("outs", outputs)):
+            kept = (t for t in values if isinstance(t, torch.Tensor) and t.shape == shape)
+            setattr(trace, key, tuple(t.detach().clone() for t in kept))
 
     return hook
 

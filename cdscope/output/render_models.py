@@ -43,6 +43,7 @@ def layout_notes(record: dict) -> list[str]:
         f"proof on {proof['tokens']} tokens ({proof['dtype']}): unit gates exact; "
         f"write sums within {proof['write_sum_error']:.1e} (tolerance "
         f"{proof['write_sum_tolerance']:.1e}); zero gates leave the stream unchanged; "
+        f"causal (earlier logits moved {proof['causal_error']:.1e}); "
         f"{proof['discovery_and_proof_s']:.2f} s",
     ]
     if not proof["own_head"]:

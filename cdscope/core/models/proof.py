@@ -3,7 +3,8 @@
 Every time a model is gated, after discovery (whose captured forward gave the ungated
 logits) two more short forwards on the same ``PROBE_TOKENS`` tokens, in the model's
 dtype, with the real whole-write gate hooks installed (``cdscope.core.gates.sites.WriteSite``,
-the hooks ``cdscope.core.gating.model.GatedModel`` installs at sublayer granularity):
+the hooks ``cdscope.core.gating.model.GatedModel`` installs at sublayer granularity), and
+one ungated forward on those tokens with their second half changed (check 4):
 
 1. **unit gates**: with g = 1 the logits equal the ungated logits bit for bit;
 2. **write sum** (same forward, writes captured after their gate): for every block and
@@ -13,7 +14,9 @@ the hooks ``cdscope.core.gating.model.GatedModel`` installs at sublayer granular
    gated writes changes the stream inside a block (a write into several residual streams
    counts as its expanded ``e (x) w``, ``cdscope.core.models.streams``);
 3. **zero gates**: with every g = 0 the last block's output equals the first block's
-   input bit for bit — nothing else writes to the stream between or inside blocks.
+   input bit for bit — nothing else writes to the stream between or inside blocks;
+4. **causal**: changing the second half of the probe tokens leaves the first half's
+   logits in place (``cdscope.core.models.causal``) — the teacher-forced likelihood is defined.
 
 Then ``own_head`` (``cdscope.core.models.head``) records whether cdscope's output head on
 the backbone's hidden states gives the model's own logits; where it does not (Cohere's
@@ -36,6 +39,7 @@ from cdscope.core.gates.sites import WriteSite, write_sites
 from cdscope.core.gates.vocabulary import GateState, gate_dtype
 from cdscope.core.models import discovery as d
 from cdscope.core.models import streams
+from cdscope.core.models.causal import causal_error
 from cdscope.core.models.head import own_head
 from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
@@ -46,7 +50,7 @@ HALF = (torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class ProofResult:
-    """Outcome of the three checks (all passed, else ``prove`` raised)."""
+    """Outcome of the four checks (all passed, else ``prove`` raised)."""
 
     tokens: int
     dtype: str
@@ -55,6 +59,7 @@ class ProofResult:
     write_sum_tolerance: float
     zero_gates_error: float  # max |h_out(last) - h_in(first)| with g = 0
     seconds: float  # discovery + proof
+    causal_error: float = 0.0  # max move of the first half's logits, second half changed
     own_head: bool = True  # backbone + cdscope's head = the model's logits (head.own_head)
 
     def as_dict(self) -> dict:
@@ -126,7 +131,7 @@ def _term(write, out: torch.Tensor, weights, h_in: torch.Tensor) -> torch.Tensor
 
 
 def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, start: float):  # noqa: ANN001
-    """Run the three checks of the module docstring; ``ProofResult`` or ``CdscopeError``."""
+    """Run the four checks of the module docstring; ``ProofResult`` or ``CdscopeError``."""
     dtype = next(model.parameters()).dtype
     dtype_name = str(dtype).removeprefix("torch.")
     tol = d.tolerance(dtype)
@@ -167,6 +172,7 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
             f"block's output differs from the first block's input (max |diff| {zero_err:.1e} "
             f"in {dtype_name}): something else writes to the residual stream"
         )
+    causal = causal_error(model, ids, reference)
     own = own_head(model, arch.blocks_path, ids, reference)
     return ProofResult(
         tokens=int(ids.shape[1]),
@@ -176,5 +182,6 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
         write_sum_tolerance=tol,
         zero_gates_error=zero_err,
         seconds=time.perf_counter() - start,
+        causal_error=causal,
         own_head=own,
     )

@@ -64,6 +64,9 @@ class ProofResult:
     zero_gates_error: float  # max |h_out(last) - h_in(first)| with g = 0
     seconds: float  # discovery + proof
     own_head: bool = True  # backbone + cdscope's head = the model's logits (head.own_head)
+    #: what zero gates leave: "identity" (the stream as it came in) or "mixed" (each step's
+    #: mixed carry, ``cdscope.core.models.streams``)
+    carry: str = "identity"
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -245,4 +248,5 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
         zero_gates_error=zero_err,
         seconds=time.perf_counter() - start,
         own_head=own,
+        carry="mixed" if _is_mixed(arch) else "identity",
     )

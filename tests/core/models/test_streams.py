@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from cdscope.commands.inspect import run_inspect
 from cdscope.core.gating.model import GatedModel
 from cdscope.core.models import discovery as d
 from cdscope.core.models import streams
@@ -17,6 +18,7 @@ from cdscope.core.models.architecture import architecture_of, discover
 from cdscope.core.models.loading import load_model
 from cdscope.core.models.proof import prove
 from cdscope.errors import CdscopeError
+from cdscope.output.render_models import layout_notes
 from cdscope.tools import coverage, tiny
 
 #: (type, its stream-weights modules of layer 0): HY-V4's and DeepSeek-V4's ``post`` is
@@ -45,6 +47,18 @@ def test_expanded_writes_are_discovered_and_proven(model_type: str) -> None:
         assert all(w.mix is None for w in arch.writes)
     assert arch.proof.unit_gates_exact and arch.proof.zero_gates_error == 0.0
     assert arch.proof.write_sum_error <= arch.proof.write_sum_tolerance
+    assert arch.proof.carry == ("mixed" if model_type in MIXED else "identity")
+
+
+def test_inspect_says_how_writes_enter_mixed_streams(deepseek_v4_dir) -> None:  # noqa: ANN001
+    """``cdscope inspect`` on the checkpoint: each write's stream weights and mixed carry,
+    and a proof line that does not claim zero gates leave the streams unchanged."""
+    record = run_inspect(str(deepseek_v4_dir))
+    assert [w["streams"] for w in record["layers"][1]["writes"]] == [
+        "expanded by attn_hc, mixed carry of attn_hc",
+        "expanded by ffn_hc, mixed carry of ffn_hc",
+    ]
+    assert "zero gates leave each step's mixed carry" in layout_notes(record)[0]
 
 
 def _stream_io(model: torch.nn.Module, gm: GatedModel, gates: torch.Tensor, ids: torch.Tensor):
@@ -140,6 +154,7 @@ def test_deepseek_v4_by_path_is_proven_with_its_mixed_carry(deepseek_v4_dir, dty
     assert [w.role for w in arch.writes] == ["attn", "moe", "attn", "moe"]
     assert arch.proof.unit_gates_exact and arch.proof.zero_gates_error == 0.0
     assert arch.proof.write_sum_error <= arch.proof.write_sum_tolerance
+    assert arch.proof.carry == "mixed"
     if dtype == "float64":
         assert coverage.fd_agreement(model) <= FD_BOUND_DSV4
 
@@ -190,3 +205,22 @@ def test_stream_count_and_the_float32_adding_dtype() -> None:
     assert d.adding_dtype(exact, torch.float64) == torch.float32
     assert d.adding_dtype(exact + 1e-12, torch.float64) == torch.float64
     assert d.adding_dtype(exact.float(), torch.float32) == torch.float32
+
+
+def test_carry_against_an_explicit_sum() -> None:
+    """``streams.carry``: (M^T H)_i = sum_j M_ji H_j (M H with ``transposed=False``), the
+    same for streams flattened to ``[..., n * D]``; float64, against an einsum."""
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 6, 4, 8, dtype=torch.float64, generator=gen)
+    m = torch.randn(2, 6, 4, 4, dtype=torch.float64, generator=gen).softmax(-1)
+    moved = streams.carry(m, h, transposed=True)
+    # floor 0.0 measured at 1 and 2 threads (|M^T H| <= 2.6); 1e-14 is about 20 float64
+    # epsilons of the largest value: room for a BLAS that sums the 4 products in another order
+    assert (moved - torch.einsum("btji,btjd->btid", m, h)).abs().max() <= 1e-14
+    assert (
+        streams.carry(m, h, transposed=False) - torch.einsum("btij,btjd->btid", m, h)
+    ).abs().max() <= 1e-14
+    assert torch.equal(
+        streams.carry(m, h.reshape(2, 6, 32), transposed=True), moved.reshape(2, 6, 32)
+    )
+    assert not torch.equal(moved, streams.carry(m, h, transposed=False))

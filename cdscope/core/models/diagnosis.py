@@ -10,12 +10,12 @@ captured forward (``BlockTrace``), checked in this order:
    is the write of one step; checked before the search.
 2. **several residual streams** (``several_streams``): the block's stream holds ``n``
    times as many numbers as its sublayers' outputs, and their last dimension is the
-   stream's (or a ``1/n`` of it), and no expanded-write form of
-   ``cdscope.core.models.streams`` fits (neither the streams carried as they are, HY-V4 and
-   Qwen4-exp, nor a mixed carry ``M^T H`` with ``M`` an ``[n, n]`` output of a module that
-   reads the streams before each sublayer, DeepSeek-V4): the mixing cannot be identified
-   (Gemma-3n's AltUp predicts the streams with learned coefficients and corrects them
-   after the sublayers, so a sublayer's output reaches them only through that mixing).
+   stream's (or a ``1/n`` of it), and no expanded-write form of ``cdscope.core.models.streams``
+   fits (neither the streams carried as they are, HY-V4 and Qwen4-exp, nor a mixed carry
+   ``M^T H`` with ``M`` an ``[n, n]`` output of a module that reads the streams before
+   each sublayer, DeepSeek-V4): the mixing cannot be identified (Gemma-3n's AltUp
+   predicts the streams with learned coefficients and corrects them after the sublayers),
+   so a sublayer's output reaches the streams only through that mixing.
 3. **a norm on the residual path** (``through_norm``): ``h_out`` equals a scaled output
    of a norm inside the block plus at most two module outputs (least squares, within
    ``discovery.tolerance``): the stream itself is normalised inside the block (post-LN:

@@ -42,6 +42,13 @@ def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
                 "post_norm": w.post_norm,
                 "parallel": w.parallel,
                 "scale": w.scale,
+                # several residual streams: how the write enters them (core/models/streams.py)
+                "streams": (
+                    f"expanded by {w.expand.rsplit('.', 1)[-1]}"
+                    + (f", mixed carry of {w.mix.path.rsplit('.', 1)[-1]}" if w.mix else "")
+                    if w.expand
+                    else ""
+                ),
                 "pre_norm": w.pre_norm,
                 "readers": list(w.readers),
                 "eap_paths": list(plan[k].paths) if plan else [],

@@ -22,6 +22,8 @@ def layout_table(record: dict) -> Table:
                 notes.append(f"post-norm of {w[SUBLAYER].rsplit('.', 1)[-1]}")
             if w["scale"] != 1.0:
                 notes.append(f"scale {w['scale']:.4g}")
+            if w["streams"]:
+                notes.append(w["streams"])
             reads = "block input (parallel)" if w["parallel"] else "stream"
             table.add_row(
                 str(layer["layer"]),
@@ -35,6 +37,13 @@ def layout_table(record: dict) -> Table:
     return table
 
 
+#: what zero gates leave, by the proof's ``carry`` (``cdscope.core.models.proof``)
+_ZERO = {
+    "identity": "the stream unchanged",
+    "mixed": "each step's mixed carry (the streams mixed, never written)",
+}
+
+
 def layout_notes(record: dict) -> list[str]:
     """The lines under ``layout_table``: the proof, where the logits come from (when not
     from the head alone), second-order support, eap-info support."""
@@ -42,7 +51,7 @@ def layout_notes(record: dict) -> list[str]:
     lines = [
         f"proof on {proof['tokens']} tokens ({proof['dtype']}): unit gates exact; "
         f"write sums within {proof['write_sum_error']:.1e} (tolerance "
-        f"{proof['write_sum_tolerance']:.1e}); zero gates leave the stream unchanged; "
+        f"{proof['write_sum_tolerance']:.1e}); zero gates leave {_ZERO[proof['carry']]}; "
         f"causal (earlier logits moved {proof['causal_error']:.1e}); "
         f"{proof['discovery_and_proof_s']:.2f} s",
     ]

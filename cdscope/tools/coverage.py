@@ -184,7 +184,9 @@ def check_type(model_type: str) -> Row:
         notes.append("post-sublayer norms")
     if any(w.scale != 1.0 for w in arch.writes):
         notes.append("residual multiplier")
-    if any(w.expand for w in arch.writes):
+    if any(w.mix for w in arch.writes):
+        notes.append("several residual streams (expanded writes, mixed carry)")
+    elif any(w.expand for w in arch.writes):
         notes.append("several residual streams (expanded writes)")
     if not arch.proof.own_head:
         notes.append("logits through the model's forward")

@@ -71,8 +71,14 @@ def render(rows: list[Row]) -> str:
         "(g = 1 bit-exact, the streams' update equals the sum of the gated expanded writes, "
         "all gates at 0 leave the streams untouched), C[m, k] = (1/l_m) dl_m/dg_k is the "
         "derivative along the expanded write and F its norm |e| |a|. A block that also mixes "
-        "the carried streams (DeepSeek-V4's `comb`, Gemma-3n's AltUp) is refused: with every "
-        "gate at 0 its streams still change (docs/decisions.md).",
+        "the carried streams (DeepSeek-V4's `comb`, note `mixed carry`) runs one step per "
+        "sublayer, `H' = combᵀ H + e ⊗ a`, with `comb` computed from the streams before the "
+        "sublayer: the gate still multiplies `a`, C and F keep these meanings, and the proof "
+        "checks each step on the same forward (g = 1 bit-exact, each step's output equals its "
+        "carry `combᵀ H`, recomputed from the block's own `comb`, plus its gated expanded "
+        "writes, and with all gates at 0 each step's output is its carry alone bit for bit: "
+        "mixed, never written). A block whose mixing is identified in neither form (Gemma-3n's "
+        "AltUp) is refused (docs/decisions.md).",
         "",
         f"**{len(ok)} of {len(rows)} types supported** — {len(moe)} with MoE blocks, "
         f"{len(hybrid)} with SSM / linear-attention / convolution mixers; {len(every)} "

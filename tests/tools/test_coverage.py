@@ -44,7 +44,7 @@ SUBSET = [
     "dbrx",
     "longcat_flash",  # five writes a layer (OVERRIDES)
     "zamba",  # a shared transformer that feeds the mixer, not the stream
-    "deepseek_v4",  # hyper-connections: several residual streams
+    "deepseek_v4",  # hyper-connections whose steps mix the carried streams (mixed carry)
     "minimax",  # a norm on the residual path
     "hrm_text",  # a recurrent stack
     "musicgen",  # an explained refusal

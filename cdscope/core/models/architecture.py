@@ -57,6 +57,8 @@ class Write:
     #: ``e (x) output`` with ``e`` element ``expand_index`` of module ``expand``'s output
     expand: str | None = None
     expand_index: int = 0
+    #: a mixed carry (DeepSeek-V4): the step of this write carries ``M^T H``, not ``H``
+    mix: streams.Mixing | None = None
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,11 @@ def _wire_expanded(
             scale=float(scale),
             expand=e.path,
             expand_index=e.index,
+            mix=mix,
         )
-        for name, scale, e in zip(found.fit.names, found.fit.scales, found.expansions, strict=True)
+        for name, scale, e, mix in zip(
+            found.fit.names, found.fit.scales, found.expansions, found.mixings, strict=True
+        )
     ]
 
 

@@ -16,8 +16,11 @@ captured forward (``BlockTrace``), checked in this order:
    a write into the other half is missed; checked before the search (the half alone fits).
 3. **several residual streams** (``several_streams``): the block's stream holds ``n``
    times as many numbers as its sublayers' outputs, and their last dimension is the
-   stream's (or a ``1/n`` of it): hyper-connections (DeepSeek-V4, Qwen4-exp, HY-v4) and
-   AltUp (Gemma-3n) keep ``n`` copies of the stream and mix them with learned weights,
+   stream's (or a ``1/n`` of it), and no expanded-write form of ``cdscope.core.models.streams``
+   fits (neither the streams carried as they are, HY-V4 and Qwen4-exp, nor a mixed carry
+   ``M^T H`` with ``M`` an ``[n, n]`` output of a module that reads the streams before
+   each sublayer, DeepSeek-V4): the mixing cannot be identified (Gemma-3n's AltUp
+   predicts the streams with learned coefficients and corrects them after the sublayers),
    so a sublayer's output reaches the streams only through that mixing.
 4. **a norm on the residual path** (``through_norm``): ``h_out`` equals a scaled output
    of a norm inside the block plus at most two module outputs (least squares, within
@@ -124,8 +127,9 @@ def several_streams(trace: d.BlockTrace, prefix: str) -> str | None:
     return (
         f"the block carries {n} residual streams (hidden state {list(shape)}) and its "
         f"sublayers ({names}) write one stream's width ({width}): the block mixes the "
-        "streams with learned weights (hyper-connections / AltUp), so its update is no sum "
-        "of their outputs"
+        "streams with learned weights in a form cdscope cannot identify (neither H + e (x) a "
+        "nor a mixed carry M^T H + e (x) a fits each step; AltUp's predict / correct), so "
+        "its update is no sum of their expanded outputs"
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cdscope.core.models import diagnosis
+from cdscope.core.models import diagnosis, streams
 from cdscope.core.models import discovery as d
 from cdscope.core.models.architecture import architecture_of
 from cdscope.errors import CdscopeError
@@ -27,10 +27,7 @@ def _trace(model_type: str, layer: int = 0) -> tuple[torch.nn.Module, d.BlockTra
     [
         # HRM: the low-level stack runs H_cycles x L_cycles = 2 x 3 times per forward
         ("hrm_text", "the block runs 6 times in one forward"),
-        # DeepSeek-V4's hyper-connections: a [B, T, 4, 64] stream mixed by comb, sublayers
-        # write [B, T, 64]
-        ("deepseek_v4", "the block carries 4 residual streams (hidden state [1, 6, 4, 64])"),
-        # (HY-V4 and Qwen4-exp, whose carried streams are not mixed: tests/.../test_streams.py)
+        # (HY-V4, Qwen4-exp and DeepSeek-V4, whose mixing is identified: .../test_streams.py)
         # Gemma-3n's AltUp: 4 predictions stacked in front of the batch
         ("gemma3n_text", "the block carries 4 residual streams (hidden state [4, 1, 6, 64])"),
         # MiniMax's DeepNorm-style block adds its MLP to the normalised stream
@@ -77,6 +74,21 @@ def test_the_checks_fire_on_their_measurements() -> None:
     assert "no h_in term of its own" in diagnosis.replaces_stream(fresh, torch.float64)
     wide = d.BlockTrace(trace.h_in.repeat(1, 1, 3), trace.h_out.repeat(1, 1, 3), trace.records)
     assert "carries 3 residual streams" in diagnosis.several_streams(wide, prefix)
+
+
+def test_a_mixing_that_cannot_be_identified_is_refused() -> None:
+    """DeepSeek-V4's layer 1 as traced fits a mixed carry; with its second step's mixing
+    matrix replaced by the identity (a carry that is not the one the block applied) no
+    expanded-write form fits, and the refusal names the several streams."""
+    model, trace, prefix = _trace("deepseek_v4", layer=1)
+    assert streams.solve_expanded(trace, torch.float64) is not None
+    ffn_hc = trace.records[prefix + "ffn_hc"]
+    post, comb, collapsed = ffn_hc.outs
+    ffn_hc.outs = (post, torch.eye(4, dtype=comb.dtype).expand_as(comb), collapsed)
+    assert streams.solve_expanded(trace, torch.float64) is None
+    reason = diagnosis.why_not_additive(trace, model, prefix, torch.float64)
+    assert reason.startswith("the block carries 4 residual streams (hidden state [1, 6, 4, 64])")
+    assert "neither H + e (x) a nor a mixed carry M^T H + e (x) a fits" in reason
 
 
 def test_longcat_flash_has_five_writes_a_layer() -> None:

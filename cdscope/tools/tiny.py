@@ -172,6 +172,9 @@ TWEAKS: dict[str, dict] = {
     # the last layer reads the key/value cache of the first (15 shared layers by default)
     "gemma3n_text": dict(num_kv_shared_layers=1),
     "xlstm": dict(v_head_dim=None, num_blocks=2, embedding_dim=64),
+    # halve the stream after every block in eval mode (6 by default: never with 2 layers),
+    # so that the run measures cdscope turning the rescaling off (core.models.rescaling)
+    "rwkv": dict(rescale_every=1),
 }
 
 

@@ -15,6 +15,10 @@ the hooks ``cdscope.core.gating.model.GatedModel`` installs at sublayer granular
 3. **zero gates**: with every g = 0 the last block's output equals the first block's
    input bit for bit — nothing else writes to the stream between or inside blocks.
 
+Where the stream starts after a norm of the embeddings inside block 0 (RWKV's ``pre_ln``,
+``Architecture.stream_start``), that norm's output stands for the first block's input in
+checks 2 and 3.
+
 Then ``own_head`` (``cdscope.core.models.head``) records whether cdscope's output head on
 the backbone's hidden states gives the model's own logits; where it does not (Cohere's
 ``logit_scale``, ...), the likelihood runs the model's own forward.
@@ -112,9 +116,18 @@ def _gated_forward(
             if w.expand:
                 hooks.forward(model.get_submodule(w.expand), weights_hook(k, w.expand_index))
 
+    start: list = []  # h_0 where block 0 normalises the embeddings first (stream_start)
+
+    def start_hook(module: nn.Module, args: tuple, output: object) -> None:
+        start.append(first_tensor(output).detach().clone())
+
     with HookSet("proof") as hooks:
         register(hooks)
+        if arch.stream_start:
+            hooks.forward(model.get_submodule(arch.stream_start), start_hook)
         logits = d.run_probe(model, ids)
+    if start:  # block 0's stream starts at that norm's output
+        ios[0] = (start[0], ios[0][1])
     return logits, ios, outs, weights
 
 

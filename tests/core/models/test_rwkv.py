@@ -9,8 +9,10 @@ The tiny config halves the stream after every block in eval mode (``rescale_ever
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ from cdscope.core.models.architecture import architecture_of
 from cdscope.core.models.loading import load_model
 from cdscope.errors import CdscopeError
 from cdscope.tools import coverage, tiny
-from tests.helpers import gate_gradient
+from tests.helpers import gate_gradient, invoke, write_pool
 
 PRE_LN = "rwkv.blocks.0.pre_ln"
 
@@ -141,3 +143,47 @@ def test_edge_sums_equal_minus_the_gate_gradient_with_h0_after_pre_ln(checkpoint
     assert scale > 1e-3
     # floor 2.3e-15 (1 thread), 1.8e-15 (2 threads) of the scale measured; 430x margin
     np.testing.assert_allclose(summed, expected, rtol=0, atol=1e-12 * scale)
+
+
+def test_inspect_and_probe_on_the_checkpoint(checkpoint, tmp_path) -> None:
+    """The user's path: inspect names where the stream starts and the mixers' one EAP
+    path; probe measures C over the four gates."""
+    result = invoke("inspect", "--model", checkpoint, "--json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["stream_start"] == PRE_LN and record["eap_info"] == "yes"
+    writes = [w for layer in record["layers"] for w in layer["writes"]]
+    assert [(w["role"], w["eap_paths"]) for w in writes] == [
+        ("mixer", ["in"]), ("mlp", ["in"]), ("mixer", ["in"]), ("mlp", ["in"]),
+    ]  # fmt: skip
+    pool = write_pool(tmp_path / "pool.jsonl", {"math": 3, "code": 3})
+    out = tmp_path / "probe.parquet"
+    result = invoke("probe", "--model", checkpoint, "--probe", pool, "--n", 2, "--out", out)
+    assert result.exit_code == 0, result.output
+    frame = pd.read_parquet(out)
+    C = frame.pivot(index="family", columns="gate", values="C").to_numpy()  # noqa: N806
+    assert C.shape == (2, 4) and np.isfinite(C).all() and np.abs(C).max() > 0
+
+
+def test_generation_of_prompts_of_several_lengths_matches_each_prompt_alone(checkpoint) -> None:
+    """RWKV's forward ignores the attention mask: a left-padded row's recurrent state reads
+    its pads (measured: the padded row's last logits move by 3.1), so prompts of unequal
+    lengths are never generated in one call (``generation.pads_change_logits``)."""
+    from cdscope.core.generation import _spans, pads_change_logits, sample
+
+    loaded = load_model(str(checkpoint), device="cpu", dtype="float32")
+    model, tokenizer = loaded.model, loaded.tokenizer
+    cpu, pad = torch.device("cpu"), tokenizer.pad_token_id
+    assert pads_change_logits(model, pad, cpu)
+    assert not pads_change_logits(tiny.tiny_model("llama").float(), pad, cpu)
+    rows = ["ab", "ab", "xy", "abcdefgh", "abc"]
+    assert _spans(rows, 2, tokenizer, True) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert _spans(rows, 2, tokenizer, False) == [(0, 2), (2, 4), (4, 5)]
+    prompts = ["ab", "abcdefgh", "xy", "abc"]
+    kwargs = dict(num_samples=2, max_new_tokens=6, temperature=0.0, seed=0)
+    batched = sample(model, tokenizer, prompts, **kwargs)
+    for i, prompt in enumerate(prompts):
+        alone = sample(model, tokenizer, [prompt], **kwargs)
+        expected = alone.completion_ids[0][alone.completion_mask[0]].tolist()
+        for row in (2 * i, 2 * i + 1):
+            assert batched.completion_ids[row][batched.completion_mask[row]].tolist() == expected

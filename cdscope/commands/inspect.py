@@ -66,6 +66,8 @@ def describe(loaded: LoadedModel, arch: Architecture, seconds: float) -> dict:
         "K": arch.K,
         "source_of_layout": arch.source,
         "final_norm": arch.final_norm,
+        # h_0 is this module's output (inside block 0: RWKV's pre_ln), else the blocks' input
+        "stream_start": arch.stream_start,
         "proof": {**arch.proof.as_dict(), "discovery_and_proof_s": round(seconds, 3)},
         "second_order": second_order_note(loaded, arch),
         "eap_info": eap,

@@ -2,7 +2,8 @@
 
 Graph (``cdscope.core.eap_graph``, built from the same architecture description as the gates).
 An ordinary decoder with L layers has the nodes ``emb`` (the residual stream's initial
-state h_0, the first block's input), ``attn{l}`` and ``mlp{l}`` (their residual writes:
+state h_0, the first block's input, or the output of the embedding norm inside block 0
+where the stream starts there: RWKV's ``pre_ln``, ``Architecture.stream_start``), ``attn{l}`` and ``mlp{l}`` (their residual writes:
 the very modules the gates of ``cdscope.core.gating.model`` multiply) and ``logits``; MoE blocks
 give ``moe{l}`` nodes, SSM / linear-attention / convolution mixers ``mixer{l}`` nodes,
 parallel-residual blocks read their block input. In topological order emb = 0,
@@ -127,7 +128,10 @@ class EdgeHooks:
 
     def _install(self, hooks: HookSet) -> None:
         add, get = hooks.add, self.model.get_submodule
-        add(self.blocks[0].register_forward_pre_hook(self._embedding, with_kwargs=True))
+        if self.arch.stream_start:  # h_0 is a norm's output inside block 0 (RWKV's pre_ln)
+            add(get(self.arch.stream_start).register_forward_hook(self._stream_start))
+        else:
+            add(self.blocks[0].register_forward_pre_hook(self._embedding, with_kwargs=True))
         consumer = 0
         for k, reads in enumerate(self.plan):
             w = reads.write
@@ -163,6 +167,11 @@ class EdgeHooks:
         x = _leaf(input_tensor(args, kwargs))
         self.activations[0] = x.detach()
         return replace_input(args, kwargs, x)
+
+    def _stream_start(self, module: nn.Module, args: tuple, output: object) -> object:
+        x = _leaf(first_tensor(output))
+        self.activations[0] = x.detach()
+        return replace_first(output, x)
 
     def _record(self, index: int, scale: float):  # noqa: ANN202 - torch hook signature
         """a_u = s_k * output (the block adds s_k times the module output). The forward

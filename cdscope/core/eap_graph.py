@@ -1,7 +1,7 @@
 """The edge graph of edge attribution and where its consumers read, from the one
 architecture description (SPEC §6, issue 12).
 
-Nodes: ``emb`` (h_0, the first block's input), one node per residual write of the
+Nodes: ``emb`` (h_0, the first block's input or ``Architecture.stream_start``'s output), one node per residual write of the
 architecture description (``attn{l}``, ``mlp{l}``, ``moe{l}``, ``mixer{l}``: the gated
 modules) and ``logits``. A write node reads the stream through paths:
 

@@ -19,6 +19,10 @@ the same machine, and the caller's global RNG is left untouched. Changing
 ``batch_size`` changes which random numbers each row sees (not the distribution).
 
 The prompt text is tokenised raw (no chat template), exactly like the probe pools.
+
+A model whose forward ignores the attention mask (RWKV: its recurrent state reads every
+left pad; measured once per call by ``pads_change_logits``) gets chunks of prompts of one
+token length only, in row order, so no row is padded on the left.
 """
 
 from __future__ import annotations
@@ -147,6 +151,39 @@ def _pad_stack(rows: list[torch.Tensor], width: int, value: int | bool, left: bo
     return torch.cat(out, dim=0)
 
 
+def pads_change_logits(model: nn.Module, pad_id: int, device: torch.device) -> bool:
+    """Whether left padding changes a row's logits although the attention mask hides the
+    pads: a recurrent model whose forward ignores the mask (RWKV: its state reads every
+    pad). Measured on one three-token row, alone and behind two masked pads (a model that
+    honours the mask agrees to its rounding; RWKV's logits move by ~3 on a tiny model)."""
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    ids = torch.tensor([[3, 4, 5]]).clamp(max=max(vocab - 1, 0)).to(device)
+    padded = torch.cat([torch.full((1, 2), pad_id, device=device), ids], dim=1)
+    mask = torch.ones_like(padded)
+    mask[:, :2] = 0
+    with torch.no_grad():
+        alone = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1].float()
+        behind = model(input_ids=padded, attention_mask=mask).logits[0, -1].float()
+    return not bool((alone - behind).abs().max() <= 1e-2 * (alone.abs().max() + 1e-6))
+
+
+def _spans(
+    rows: Sequence[str], step: int, tokenizer: object, equal_lengths: bool
+) -> list[tuple[int, int]]:
+    """``(lo, hi)`` row ranges of the generate calls: ``step`` rows each, and where pads
+    would change a row's logits (``pads_change_logits``) only rows whose prompts have one
+    token length (runs in row order: no row is moved)."""
+    if not equal_lengths:
+        return [(lo, min(lo + step, len(rows))) for lo in range(0, len(rows), step)]
+    lengths = [len(tokenizer(r, add_special_tokens=True)["input_ids"]) for r in rows]  # type: ignore[operator]
+    spans, lo = [], 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or i - lo == step or lengths[i] != lengths[lo]:
+            spans.append((lo, i))
+            lo = i
+    return spans
+
+
 def sample(
     model: nn.Module,
     tokenizer: object,
@@ -193,9 +230,10 @@ def sample(
     ids_chunks, pmask_chunks, comp_chunks = [], [], []
     fork = [device] if device.type == "cuda" else []
     try:
-        for chunk, lo in enumerate(range(0, len(rows), step)):
+        spans = _spans(rows, step, tokenizer, pads_change_logits(model, pad_id, device))
+        for chunk, (lo, hi) in enumerate(spans):
             enc = tokenizer(  # type: ignore[operator]
-                rows[lo : lo + step],
+                rows[lo:hi],
                 return_tensors="pt",
                 padding=True,
                 padding_side="left",
@@ -216,7 +254,7 @@ def sample(
             pmask_chunks.append(attention.bool().cpu())
             comp_chunks.append(out[:, input_ids.shape[1] :].cpu())
             if on_batch is not None:
-                on_batch(min(lo + step, len(rows)))
+                on_batch(hi)
     finally:
         model.train(was_training)
 

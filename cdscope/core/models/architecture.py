@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from cdscope.core.models import diagnosis, streams, widened
+from cdscope.core.models import diagnosis, rescaling, stream_start, streams, widened
 from cdscope.core.models import discovery as d
 from cdscope.core.models.placement import execution_device
 from cdscope.errors import CdscopeError
@@ -37,6 +37,11 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
     # first attention and writes last: five writes, past the search's four (issue 31)
     "longcat_flash": ("self_attn.0", "mlp.experts", "mlps.0", "self_attn.1", "mlps.1"),
 }
+#: ``model_type`` -> {sublayer path relative to a block: role} where the names mislead
+#: ``discovery.role_of``: RWKV calls its time mixing ``attention`` (RwkvSelfAttention), a
+#: recurrent linear attention that reads the stream through ln1 and a token shift, with no
+#: q/k/v projections of the stream: a mixer, read through one path (SPEC §6)
+ROLE_OVERRIDES: dict[str, dict[str, str]] = {"rwkv": {"attention": "mixer"}}
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,10 @@ class Architecture:
     #: how the layout was found: "discovered", or "override" (OVERRIDES named the writes;
     #: proven like any other)
     source: str = "discovered"
+    #: the module inside block 0 whose output is h_0 when block 0 normalises the embeddings
+    #: first (RWKV's ``pre_ln``, ``cdscope.core.models.stream_start``); None: h_0 is the
+    #: first block's input
+    stream_start: str | None = None
     proof: object = field(default=None, compare=False)  # cdscope.core.models.proof.ProofResult
 
     @property
@@ -220,6 +229,7 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         searched = trace.blocks
     search_dtype = widened.search_dtype(dtype)
     override = OVERRIDES.get(model_type)
+    start: str | None = None
     writes: list[Write] = []
     hints: dict[str, tuple[str, ...]] = {}
     for layer, (block, bt) in enumerate(zip(blocks, searched, strict=True)):
@@ -254,16 +264,23 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
                 bt, block_dtype, tuple(prefix + h for h in hint) if hint else None
             )
         except d.NotAdditive as exc:
-            expanded = streams.solve_expanded(bt, block_dtype)
-            if expanded is None:
-                why = diagnosis.why_not_additive(bt, model, prefix, block_dtype)
-                raise CdscopeError(f"{model_type}: layer {layer}: {exc}: {why}") from None
-            writes += _wire_expanded(model, layer, prefix[:-1], expanded)
-            continue
+            restart = stream_start.solve_after_norm(bt, model, block_dtype) if layer == 0 else None
+            if restart is None:
+                expanded = streams.solve_expanded(bt, block_dtype)
+                if expanded is None:
+                    why = diagnosis.why_not_additive(bt, model, prefix, block_dtype)
+                    raise CdscopeError(f"{model_type}: layer {layer}: {exc}: {why}") from None
+                writes += _wire_expanded(model, layer, prefix[:-1], expanded)
+                continue
+            bt, found, start = restart
         except CdscopeError as exc:
             raise CdscopeError(f"{model_type}: layer {layer}: {exc}") from None
         hints[key] = tuple(n[len(prefix) :] for n in found.names)
-        writes += _wire(model, layer, prefix[:-1], bt, found)
+        roles = ROLE_OVERRIDES.get(model_type, {})
+        writes += [
+            replace(w, role=roles.get(w.sublayer[len(prefix) :], w.role))
+            for w in _wire(model, layer, prefix[:-1], bt, found)
+        ]
     last = trace.blocks[-1].h_out
     final = [r for r in trace.outside.values() if d._same(r.inp, last)]
     arch = Architecture(
@@ -273,6 +290,7 @@ def discover(model: nn.Module) -> tuple[Architecture, d.Trace, torch.Tensor]:
         writes=tuple(writes),
         final_norm=min(final, key=lambda r: r.order).name if final else None,
         source="override" if override else "discovered",
+        stream_start=start,
     )
     return arch, trace, ids
 
@@ -291,6 +309,7 @@ def architecture_of(model: nn.Module) -> Architecture:
     from cdscope.core.models.proof import prove
 
     start = time.perf_counter()
+    rescaling.unscaled(model)  # RWKV: the training form in eval mode too
     with d.eval_mode(model):
         arch, trace, ids = discover(model)
         result = prove(model, arch, ids, trace.logits, start)

@@ -25,8 +25,9 @@ captured forward (``BlockTrace``), checked in this order:
 4. **a norm on the residual path** (``through_norm``): ``h_out`` equals a scaled output
    of a norm inside the block plus at most two module outputs (least squares, within
    ``discovery.tolerance``): the stream itself is normalised inside the block (post-LN:
-   BERT's ``output.LayerNorm``, MiniMax's DeepNorm-style ``post_attention_layernorm``,
-   RWKV's ``pre_ln`` of the embeddings in block 0), so ``h_out - h_in`` is no sum of writes.
+   BERT's ``output.LayerNorm``, MiniMax's DeepNorm-style ``post_attention_layernorm``),
+   so ``h_out - h_in`` is no sum of writes. (A norm of the embeddings that block 0 runs
+   first, RWKV's ``pre_ln``, starts the stream instead: ``stream_start``, tried before.)
 5. **no h_in term** (``replaces_stream``): ``h_out`` is a sum of at most three module
    outputs without ``h_in``: the input reaches the output only inside a sublayer that
    adds the residual itself (Megatron-BERT's attention) or not at all (Inkling-2's

@@ -25,6 +25,10 @@ one ungated forward on those tokens with their second half changed (check 4):
 4. **causal**: changing the second half of the probe tokens leaves the first half's
    logits in place (``cdscope.core.models.causal``) — the teacher-forced likelihood is defined.
 
+Where the stream starts after a norm of the embeddings inside block 0 (RWKV's ``pre_ln``,
+``Architecture.stream_start``), that norm's output stands for the first block's input in
+checks 2 and 3.
+
 Then ``own_head`` (``cdscope.core.models.head``) records whether cdscope's output head on
 the backbone's hidden states gives the model's own logits; where it does not (Cohere's
 ``logit_scale``, ...), the likelihood runs the model's own forward.
@@ -141,9 +145,18 @@ def _gated_forward(
             module = model.get_submodule(m.path)
             hooks.add(module.register_forward_hook(mix_hook(m.path, m.index), with_kwargs=True))
 
+    start: list = []  # h_0 where block 0 normalises the embeddings first (stream_start)
+
+    def start_hook(module: nn.Module, args: tuple, output: object) -> None:
+        start.append(first_tensor(output).detach().clone())
+
     with HookSet("proof") as hooks:
         register(hooks)
+        if arch.stream_start:
+            hooks.forward(model.get_submodule(arch.stream_start), start_hook)
         logits = d.run_probe(model, ids)
+    if start:  # block 0's stream starts at that norm's output
+        ios[0] = (start[0], ios[0][1])
     return logits, ios, outs, weights, mixed
 
 

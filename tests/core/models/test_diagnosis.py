@@ -32,8 +32,7 @@ def _trace(model_type: str, layer: int = 0) -> tuple[torch.nn.Module, d.BlockTra
         ("gemma3n_text", "the block carries 4 residual streams (hidden state [4, 1, 6, 64])"),
         # MiniMax's DeepNorm-style block adds its MLP to the normalised stream
         ("minimax", "passes through the norm post_attention_layernorm inside the block"),
-        # RWKV normalises the embeddings inside block 0 before its first write
-        ("rwkv", "passes through the norm pre_ln inside the block"),
+        # (RWKV's pre_ln of the embeddings in block 0 starts the stream: test_rwkv.py)
         ("bert", "passes through the norm output.LayerNorm inside the block"),
         ("openai-gpt", "passes through the norm ln_2 inside the block"),
         # Inkling-2's block-attention residuals: layer 0 starts a block afresh

@@ -246,6 +246,12 @@ EXPLAINED: dict[str, tuple[str, str]] = {
         "attention) runs only given target_mapping, and the content stream's blocks are "
         "post-LN",
     ),
+    "cpmant": (
+        "the model is not causal",
+        "CPM-Ant's causal-LM forward marks every position as context (context = 1), and "
+        "its attention mask lets context positions see every other position: scored "
+        "teacher-forced, each answer token's logits would see the answer",
+    ),
     "xglm": (
         "cannot be converted to type float without overflow",
         "its attention builds float64's most negative value with torch.full and no "

@@ -48,6 +48,9 @@ SUBSET = [
     "minimax",  # a norm on the residual path
     "hrm_text",  # a recurrent stack
     "musicgen",  # an explained refusal
+    "cpmant",  # refused by the causality check (its forward attends both ways)
+    "rwkv",  # the stream starts after block 0's pre_ln (stream_start), rescaling undone
+    "reformer",  # a reversible residual, caught before the write search
 ]
 
 
@@ -96,9 +99,10 @@ def test_doc_counts_meet_the_goal_and_match_the_table() -> None:
     supported = [c for c in cells if c[1] == "supported"]
     moe = [c for c in supported if "moe" in c[2]]
     hybrid = [c for c in supported if "mixer" in c[2]]
-    # the goal: no type supported today is lost (issue 31 took 121 -> 141 with transformers
-    # 5.23: 51 with MoE blocks, 24 with mixers)
-    assert len(supported) >= 141 and len(moe) >= 51 and len(hybrid) >= 24
+    # the goal: no type supported today is lost (issue 31 took 121 -> 142 with transformers
+    # 5.23: 52 with MoE blocks, 25 with mixers; CPM-Ant, listed before the causality check,
+    # was never measurable: it attends both ways)
+    assert len(supported) >= 142 and len(moe) >= 52 and len(hybrid) >= 25
     header = re.search(
         r"\*\*(\d+) of (\d+) types supported\*\* — (\d+) with MoE blocks, (\d+) with .*; "
         r"(\d+) proven in all four dtypes; eap-info supports (\d+)\.",

@@ -206,3 +206,19 @@ def test_xlnet_attends_to_later_tokens_and_runs_no_query_stream() -> None:
     row = coverage.check_type("xlnet")
     assert row.status == "refused" and row.note.startswith("a permutation LM")
     assert "ff.layer_norm inside the block" in row.note  # measured: post-LN
+
+
+def test_cpm_ant_marks_every_position_as_context_and_attends_both_ways() -> None:
+    """Changing only the last token moves the first position's logits (measured: by 2.0e-2
+    of their scale, float64; a causal model moves them by 0), and the refusal row carries
+    the meaning."""
+    model = tiny.tiny_model("cpmant")
+    ids = torch.tensor([[5, 9, 13, 17, 21, 25]])
+    changed = ids.clone()
+    changed[0, -1] = 30
+    with torch.no_grad():
+        first = model(input_ids=ids).logits[0, 0]
+        moved = (model(input_ids=changed).logits[0, 0] - first).abs().max()
+    assert moved > 2e-3 * first.abs().max()  # 10x under the measured move
+    needle, meaning = coverage.EXPLAINED["cpmant"]
+    assert coverage.check_type("cpmant").note.startswith(meaning)

@@ -77,12 +77,17 @@ def nan_head_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def nan_text_model_dir(tmp_path_factory) -> Path:
-    """NaN embeddings for every token except the few the load-time proof feeds the model:
-    loading and the proof pass, and the first NaN appears in a measured quantity."""
+    """NaN embeddings for every token except the few the load-time proof feeds the model
+    (its causality check's changed tail included): loading and the proof pass, and the
+    first NaN appears in a measured quantity."""
+    from cdscope.core.models.causal import changed_tail
     from cdscope.core.models.discovery import probe_ids
 
     model = tiny_model("llama")
-    keep = set(probe_ids(model, torch.device("cpu")).flatten().tolist())
+    ids = probe_ids(model, torch.device("cpu"))
+    keep = set(ids.flatten().tolist()) | set(
+        changed_tail(ids, model.config.vocab_size)[0].flatten().tolist()
+    )
     with torch.no_grad():
         for token in set(range(model.config.vocab_size)) - keep:
             model.get_input_embeddings().weight[token] = float("nan")

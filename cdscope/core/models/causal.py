@@ -27,6 +27,7 @@ from torch import nn
 
 from cdscope.core.models import discovery as d
 from cdscope.errors import CdscopeError
+from cdscope.finite import require_finite
 
 LEAK = 1e-3  # relative move of the first half's logits that counts as seeing later tokens
 
@@ -51,10 +52,16 @@ def causal_error(model: nn.Module, ids: torch.Tensor, reference: torch.Tensor) -
     if head == 0 or torch.equal(changed, ids):  # one token, or nothing to change to
         return 0.0
     earlier = reference[:, :head].double()
-    moved = (d.run_probe(model, changed)[:, :head].double() - earlier).abs().max().item()
+    name = str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+    logits = d.run_probe(model, changed)
+    tail = changed[0, head:].tolist()
+    require_finite(  # NaN would read as a move: name it for what it is
+        [(f"{name}: the logits of the causality check (tail tokens {tail})", logits)],
+        hint="NaN/inf weights or embedding rows of those tokens?",
+    )
+    moved = (logits[:, :head].double() - earlier).abs().max().item()
     bound = max(d.tolerance(reference.dtype), LEAK) * earlier.abs().max().item()
     if not moved <= bound:
-        name = str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
         raise CdscopeError(
             f"{name}: proof failed: changing the last {ids.shape[1] - head} of {ids.shape[1]} "
             f"tokens moves the logits at earlier positions (max |diff| {moved:.1e} > "

@@ -76,3 +76,17 @@ def test_inspect_reports_the_causal_move(tmp_path) -> None:
     result = invoke("inspect", "--model", directory, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["proof"]["causal_error"] == 0.0
+
+
+def test_nan_from_the_changed_tokens_is_named_non_finite_not_a_leak() -> None:
+    """NaN != NaN would read as a move of the earlier logits: it is named for what it is."""
+    from cdscope.core.models.discovery import probe_ids
+
+    model = tiny_model("llama")
+    ids = probe_ids(model, torch.device("cpu"))
+    changed, head = causal.changed_tail(ids, model.config.vocab_size)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[changed[0, head]] = float("nan")
+    with pytest.raises(CdscopeError, match="non-finite|NaN") as info:
+        architecture_of(model)
+    assert "not causal" not in str(info.value) and "causality check" in str(info.value)

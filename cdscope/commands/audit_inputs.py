@@ -3,7 +3,7 @@
 ``read_probe_frame`` reads a ``probe`` Parquet for ``--from`` and refuses, in one line,
 a file cdscope could not have written (``check_probe_file``: integer seeds and gates,
 boolean ``dropped``, one row per (model, seed, family, gate), a complete family x gate
-grid, finite, numeric and sane l_m, dl/dg, F, kept C and per-sample lists:
+grid, a family dropped on all its gates or none, finite, numeric and sane l_m, dl/dg, F, kept C and per-sample lists:
 ``value_problem``) or one measured with other settings than the
 options asked for; ``check_probe_frame`` checks the schema (``FRAME_COLUMNS``) of a
 frame handed to the engine from Python. numpy/pandas only: ``--from`` never loads torch.
@@ -41,7 +41,8 @@ def read_probe_frame(path: Path, expect: dict[str, object]) -> tuple[pd.DataFram
 
 def check_probe_file(frame: pd.DataFrame, metadata: dict, path: Path) -> None:
     """Refuse a probe file whose columns or metadata cdscope could not have written:
-    non-integer seeds or gates, non-boolean ``dropped``, a NaN/inf in l_m, dl/dg, F or
+    non-integer seeds or gates, non-boolean ``dropped`` or one that differs between the
+    gates of a family, a NaN/inf in l_m, dl/dg, F or
     in C of a kept family (naming the first), metadata without settings/models."""
     if not isinstance(metadata.get("settings"), dict) or not isinstance(
         metadata.get("models", []), list
@@ -86,9 +87,19 @@ def value_problem(frame: pd.DataFrame) -> str | None:
     """What is wrong with the measured values of a probe frame, or None: l_m, dl/dg, F and
     the C of kept families must be numbers (not strings), finite and not absurdly large
     (``finite.ABSURD``); the per-sample lists of kept families must be lists of such
-    numbers, one entry per sample, the same count n on every gate row of a family."""
+    numbers, one entry per sample, the same count n on every gate row of a family; a
+    family is dropped on all its gates or none (SPEC §2 drops it whole: a kept row next
+    to a dropped one leaves a NaN hole in the kept C)."""
     dropped = frame["dropped"]
     kept = ~dropped.to_numpy(dtype=bool) if pd.api.types.is_bool_dtype(dropped) else None
+    if kept is not None:
+        mixed = frame.groupby(["model", "seed", "family"])["dropped"].nunique() > 1
+        if mixed.any():
+            model, seed, family = mixed[mixed].index[0]
+            return (
+                f"family {family!r} at seed {seed} of model {model!r} is marked dropped on "
+                "some gates and kept on others (a family is dropped whole)"
+            )
     for column, rows in (("ell", None), ("dl_dg", None), ("F", None), ("C", kept)):
         values = frame[column]
         if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
@@ -143,7 +154,24 @@ def _sample_problem(frame: pd.DataFrame) -> str | None:
     if ragged.any():
         row = part.loc[ragged.idxmax()]
         return f"the per-sample lists of {_where(row)} differ in length (one entry per sample)"
-    return _unnormalisable_family(part)
+    return _logp_problem(part) or _unnormalisable_family(part)
+
+
+def _logp_problem(part: pd.DataFrame) -> str | None:
+    """``logp_samples`` are the family's n log-likelihoods (SPEC §2): every entry <= 0, and
+    one list shared by every gate row of the family (a row that differs, found by the fuzz
+    with [0, 1] on one gate, gave that gate its own l_m and sent NaN into eigh)."""
+    shared: dict[tuple, object] = {}
+    keys = zip(part["model"], part["seed"], part["family"], strict=True)
+    for i, (key, cell) in enumerate(zip(keys, part["logp_samples"], strict=True)):
+        if np.max(cell) > 0:
+            return f"logp_samples of {_where(part.iloc[i])} has a positive entry (a log-probability is <= 0)"
+        if not np.array_equal(shared.setdefault(key, cell), cell):
+            return (
+                f"logp_samples of {_where(part.iloc[i])} differ between its gates (they are "
+                "the family's samples, one list for every gate)"
+            )
+    return None
 
 
 def _unnormalisable_family(part: pd.DataFrame) -> str | None:

@@ -386,8 +386,16 @@ CRAFTED = {
     "per-sample strings": (lambda f: f.assign(logp_samples=[["a", "b"]] * len(f)), "not a list of numbers"),
     "F = -inf": (lambda f: f.assign(F=f["F"].where(f.index != 3, -np.inf)), "F of family"),
     # found by the fuzz below on a fresh machine: l_m = 0 reached eigh as NaN (LinAlgError)
-    "logp samples averaging to 0": (lambda f: f.assign(logp_samples=[[0.0, 0.0]] + list(f["logp_samples"][1:])),
+    "logp samples averaging to 0": (lambda f: f.assign(logp_samples=[[0.0, 0.0]] * len(f)),
                                     "cannot normalise C"),
+    # found by the fuzz below (one flipped bit of 'dropped'): the kept rows' C matrix had a
+    # NaN hole where the dropped gate was, and the spectral measure raised ValueError
+    "a positive log-probability": (lambda f: f.assign(logp_samples=[[0.0, 1.0]] + list(f["logp_samples"][1:])),
+                                   "positive entry"),
+    "one gate's own logp samples": (lambda f: f.assign(logp_samples=[[-3.0, -1.0]] + list(f["logp_samples"][1:])),
+                                    "differ between its gates"),
+    "one gate of a family dropped": (lambda f: f.assign(dropped=[True] + [False] * (len(f) - 1)),
+                                     "dropped on some gates and kept on others"),
 }  # fmt: skip
 
 

@@ -33,6 +33,12 @@ captured forward (``BlockTrace``), checked in this order:
    adds the residual itself (Megatron-BERT's attention) or not at all (Inkling-2's
    block-attention residuals at a block boundary: the earlier blocks' states are kept
    aside and attended over, and the stream starts again from the sublayers' outputs).
+6. **a scaled carry** (``scaled_carry``): ``h_out = c h_in + sum_k s_k w_k`` with
+   ``c != 1`` for at most three module outputs (least squares, within
+   ``discovery.tolerance``): the block shrinks the stream it carries (Beam's
+   depth-scaled residual ``h' = a / sqrt(i) + h sqrt((i - 1) / i)`` at each of its
+   sublayers), so with every gate at 0 the stream still changes and ``h_out - h_in`` is
+   no sum of writes.
 
 Anything else keeps the generic reason. Module names are relative to the block and no
 measured number enters the text, so the refusal is the same on every CPU.
@@ -165,6 +171,30 @@ def through_norm(
     return None
 
 
+def scaled_carry(trace: d.BlockTrace, dtype: torch.dtype) -> str | None:
+    """The reason when the block's output is ``c h_in`` plus module outputs, ``c != 1``."""
+    pool = d.candidates(trace, d.MAX_DEPTH)
+    zero = torch.zeros_like(trace.h_out, dtype=torch.float64)
+    target = trace.h_out.double().reshape(-1, 1)
+    tol = d.tolerance(dtype)
+    for size in range(1, 4):  # the fewest module outputs first
+        for combo in combinations(pool, size):
+            X = torch.stack(
+                [t.double().reshape(-1) for t in (trace.h_in, *(r.out for r in combo))], dim=1
+            )  # noqa: N806
+            scales = torch.linalg.lstsq(X, target).solution[:, 0]
+            carry = float(scales[0])
+            off_one = abs(carry) > 1e-6 and abs(carry - 1) > 64 * tol
+            if off_one and d.write_sum_error(zero, trace.h_out, X * scales) <= tol:
+                return (
+                    "its output is a multiple of h_in other than 1 plus module outputs: "
+                    "the block scales the stream it carries (a depth-scaled residual), "
+                    "so with every gate at 0 the stream still changes and h_out - h_in "
+                    "is no sum of writes"
+                )
+    return None
+
+
 def replaces_stream(trace: d.BlockTrace, dtype: torch.dtype) -> str | None:
     """The reason when the block's output is a sum of module outputs without its input."""
     pool = d.candidates(trace, d.MAX_DEPTH)
@@ -189,5 +219,6 @@ def why_not_additive(trace: d.BlockTrace, model: nn.Module, prefix: str, dtype: 
         several_streams(trace, prefix)
         or through_norm(trace, model, prefix, dtype)
         or replaces_stream(trace, dtype)
+        or scaled_carry(trace, dtype)
         or GENERIC
     )

@@ -35,6 +35,8 @@ def _trace(model_type: str, layer: int = 0) -> tuple[torch.nn.Module, d.BlockTra
         # (RWKV's pre_ln of the embeddings in block 0 starts the stream: test_rwkv.py)
         ("bert", "passes through the norm output.LayerNorm inside the block"),
         ("openai-gpt", "passes through the norm ln_2 inside the block"),
+        # Beam's depth-scaled residual: h' = a / sqrt(i) + h sqrt((i - 1) / i) per sublayer
+        ("beam", "the block scales the stream it carries"),
         # Inkling-2's block-attention residuals: layer 0 starts a block afresh
         ("inkling2_text", "no h_in term of its own"),
     ],

@@ -203,6 +203,9 @@ TWEAKS: dict[str, dict] = {
     "xlnet": dict(
         max_position_embeddings=None, d_model=64, n_layer=2, n_head=4, d_head=16, d_inner=96
     ),
+    # a cross-attention layer inside the two (real checkpoints have them every 5th layer
+    # from 3): the row then measures the layout users load
+    "mllama": dict(cross_attention_layers=[1]),
     # halve the stream after every block in eval mode (6 by default: never with 2 layers),
     # so that the run measures cdscope turning the rescaling off (core.models.rescaling)
     "rwkv": dict(rescale_every=1),

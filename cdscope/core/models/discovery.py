@@ -302,6 +302,12 @@ def block_io_hook(trace: BlockTrace):  # noqa: ANN201 - torch hook signature
 
 def check_residual_shapes(traces: list[BlockTrace]) -> None:
     for index, trace in enumerate(traces):
+        if trace.calls == 0:
+            raise CdscopeError(
+                f"layer {index}: the block does not run in a forward on token ids alone (a "
+                "layer that needs other inputs, e.g. cross-attention to image states): its "
+                "writes cannot be gated on text"
+            )
         if trace.h_in is None or trace.h_out is None or trace.h_in.shape != trace.h_out.shape:
             raise CdscopeError(
                 f"layer {index}: the block does not map a hidden state to a hidden state of "

@@ -349,6 +349,28 @@ def model_source(
         raise _load_error(spec, exc, is_hub=not path.exists()) from exc
 
 
+def causal_lm(source: str | Path, **kwargs):  # noqa: ANN201 - a transformers model
+    """``AutoModelForCausalLM.from_pretrained(source, **kwargs)``, or, where the saved
+    config's class is not in that mapping (a text sub-config saved on its own: Emu3's
+    ``Emu3TextConfig``, Mllama's ``MllamaTextConfig``, which ``AutoModelForCausalLM``
+    does not load back although it built them), the causal-LM class the checkpoint's
+    ``config.json`` names in ``architectures``."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        config_kwargs = {k: kwargs[k] for k in ("revision", "trust_remote_code") if k in kwargs}
+        names = getattr(AutoConfig.from_pretrained(source, **config_kwargs), "architectures", None)
+        named = [getattr(transformers, n, None) for n in names or [] if n.endswith("ForCausalLM")]
+        if not any(named):
+            raise
+        return next(c for c in named if c is not None).from_pretrained(source, **kwargs)
+
+
 def load_model(
     spec: str = EMBEDDED_NAME,
     device: str = "auto",
@@ -369,7 +391,7 @@ def load_model(
     model's). Raises ``CdscopeError`` with one line when the model cannot be found or
     loaded.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if placement is not None and device != "auto":
         raise CdscopeError(
@@ -415,14 +437,12 @@ def load_model(
                 if placement is not None:
                     model = placement.dispatch(model, torch_dtype)
             else:
-                model = AutoModelForCausalLM.from_pretrained(
-                    source, **kwargs, **remote, **placed(source)
-                )
+                model = causal_lm(source, **kwargs, **remote, **placed(source))
                 tokenizer = AutoTokenizer.from_pretrained(source, **remote)
         else:  # a hub id: cache only when offline or unreachable (hub.hub_access)
             hub = {"revision": revision, **remote} if revision else dict(remote)
             hub.update(hub_access(spec))
-            model = AutoModelForCausalLM.from_pretrained(spec, **kwargs, **hub, **placed(spec, hub))
+            model = causal_lm(spec, **kwargs, **hub, **placed(spec, hub))
             tokenizer = AutoTokenizer.from_pretrained(spec, **hub)
             source = spec
             commit = getattr(model.config, "_commit_hash", None) or cached_commit(spec, revision)

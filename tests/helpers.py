@@ -175,6 +175,18 @@ def invoke(*args: object):
     return runner.invoke(app, [str(a) for a in args])
 
 
+def refused(result, *fragments: str) -> str:
+    """Exit 2, no traceback, and the one ``error:`` line holding every fragment."""
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if "error" in line.lower()]
+    assert errors, result.output
+    for fragment in fragments:
+        assert fragment in result.output, (fragment, result.output)
+    return errors[-1]
+
+
 def parity_reward(tasks, completions) -> list[float]:
     """A deterministic stand-in reward with variance inside groups (tests the loop, not verifiers)."""
     return [float(sum(map(ord, text)) % 2) for text in completions]

@@ -21,7 +21,7 @@ from cdscope.cli import app
 from cdscope.errors import CdscopeError
 from cdscope.fileset import partial_path
 from cdscope.output.frames import FRAME_COLUMNS
-from tests.helpers import byte_tokenizer, tiny_model, write_foreign_parquet, write_pool
+from tests.helpers import byte_tokenizer, refused, tiny_model, write_foreign_parquet, write_pool
 
 runner = CliRunner()
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -32,18 +32,6 @@ SAFETENSORS_FULL = SafetensorError(
 
 def invoke(*args: object):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def refused(result, *fragments: str) -> str:
-    """Exit 2, no traceback, and the one ``error:`` line holding every fragment."""
-    assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if "error" in line.lower()]
-    assert errors, result.output
-    for fragment in fragments:
-        assert fragment in result.output, (fragment, result.output)
-    return errors[-1]
 
 
 def no_leftovers(folder: Path) -> None:

@@ -24,7 +24,8 @@ from cdscope.cli import app
 from cdscope.fileset import FileSet, partial_path
 from cdscope.io import WriteFailed
 from cdscope.lock import OutputBusy, OutputLock, lock_path
-from tests.test_faults import ENOSPC, no_leftovers, probe_file, refused
+from tests.helpers import refused
+from tests.test_faults import ENOSPC, no_leftovers, probe_file
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -19,8 +19,14 @@ from cdscope import io as cio
 from cdscope.cli import app
 from cdscope.core.models import loading
 from cdscope.errors import CdscopeError
-from tests.helpers import byte_tokenizer, config, parity_reward, tiny_model, write_tasks_file
-from tests.test_faults import refused
+from tests.helpers import (
+    byte_tokenizer,
+    config,
+    parity_reward,
+    refused,
+    tiny_model,
+    write_tasks_file,
+)
 
 runner = CliRunner()
 

@@ -41,10 +41,11 @@ def changed_tail(ids: torch.Tensor, vocab: int) -> tuple[torch.Tensor, int]:
     return changed, head
 
 
-def causal_error(model: nn.Module, ids: torch.Tensor, reference: torch.Tensor) -> float:
+def causal_error(model: nn.Module, ids: torch.Tensor, reference: torch.Tensor, name: str) -> float:
     """Largest move of the first half's logits when the second half's tokens change.
 
-    ``reference``: the model's logits for ``ids`` (the discovery forward's). Raises
+    ``reference``: the model's logits for ``ids`` (the discovery forward's); ``name``: its
+    model type, for the message. Raises
     ``CdscopeError`` when the move exceeds the bound of the module docstring.
     """
     vocab = int(getattr(d.text_config(model), "vocab_size", 0) or 0) or reference.shape[-1]
@@ -52,7 +53,6 @@ def causal_error(model: nn.Module, ids: torch.Tensor, reference: torch.Tensor) -
     if head == 0 or torch.equal(changed, ids):  # one token, or nothing to change to
         return 0.0
     earlier = reference[:, :head].double()
-    name = str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
     logits = d.run_probe(model, changed)
     tail = changed[0, head:].tolist()
     require_finite(  # NaN would read as a move: name it for what it is

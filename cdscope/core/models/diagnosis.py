@@ -46,6 +46,7 @@ measured number enters the text, so the refusal is the same on every CPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import combinations
 
 import torch
@@ -140,6 +141,24 @@ def several_streams(trace: d.BlockTrace, prefix: str) -> str | None:
     )
 
 
+def _lead_scales(
+    trace: d.BlockTrace, lead: torch.Tensor, others: list, sizes: range, dtype: torch.dtype
+) -> Iterator[float]:
+    """The scale ``c`` of every fit ``h_out = c lead + sum_k s_k o_k`` (least squares,
+    ``write_sum_error`` within ``discovery.tolerance``) over combinations of ``others``'
+    outputs of each size in ``sizes``, the fewest first."""
+    zero = torch.zeros_like(trace.h_out, dtype=torch.float64)
+    target = trace.h_out.double().reshape(-1, 1)
+    for size in sizes:
+        for combo in combinations(others, size):
+            X = torch.stack(
+                [t.double().reshape(-1) for t in (lead, *(r.out for r in combo))], dim=1
+            )  # noqa: N806
+            scales = torch.linalg.lstsq(X, target).solution[:, 0]
+            if d.write_sum_error(zero, trace.h_out, X * scales) <= d.tolerance(dtype):
+                yield float(scales[0])
+
+
 def through_norm(
     trace: d.BlockTrace, model: nn.Module, prefix: str, dtype: torch.dtype
 ) -> str | None:
@@ -151,47 +170,34 @@ def through_norm(
         if r.calls == 1 and r.out is not None and r.out.shape == shape
     ]
     norms = [r for r in pool if _leaf_norm(model.get_submodule(r.name))]
-    zero = torch.zeros_like(trace.h_out, dtype=torch.float64)
-    target = trace.h_out.double().reshape(-1, 1)
-    for size in range(3):  # the fewest other outputs first
+    for size in range(3):  # the fewest other outputs first, over every norm
         for norm in norms:
             others = [r for r in pool if r is not norm]
-            for combo in combinations(others, size):
-                X = torch.stack([r.out.double().reshape(-1) for r in (norm, *combo)], dim=1)  # noqa: N806
-                scales = torch.linalg.lstsq(X, target).solution[:, 0]
-                fits = d.write_sum_error(zero, trace.h_out, X * scales) <= d.tolerance(dtype)
-                if fits and abs(float(scales[0])) > 1e-6:
-                    name = _relative(norm.name, prefix)
-                    return (
-                        f"its output is {name}'s output plus module outputs: the stream "
-                        f"itself passes through the norm {name} inside the block (post-LN, "
-                        "or a norm of the block input that the writes are added to), so "
-                        "h_out - h_in is no sum of writes"
-                    )
+            scales = _lead_scales(trace, norm.out, others, range(size, size + 1), dtype)
+            if not any(abs(c) > 1e-6 for c in scales):
+                continue
+            name = _relative(norm.name, prefix)
+            return (
+                f"its output is {name}'s output plus module outputs: the stream "
+                f"itself passes through the norm {name} inside the block (post-LN, "
+                "or a norm of the block input that the writes are added to), so "
+                "h_out - h_in is no sum of writes"
+            )
     return None
 
 
 def scaled_carry(trace: d.BlockTrace, dtype: torch.dtype) -> str | None:
     """The reason when the block's output is ``c h_in`` plus module outputs, ``c != 1``."""
     pool = d.candidates(trace, d.MAX_DEPTH)
-    zero = torch.zeros_like(trace.h_out, dtype=torch.float64)
-    target = trace.h_out.double().reshape(-1, 1)
     tol = d.tolerance(dtype)
-    for size in range(1, 4):  # the fewest module outputs first
-        for combo in combinations(pool, size):
-            X = torch.stack(
-                [t.double().reshape(-1) for t in (trace.h_in, *(r.out for r in combo))], dim=1
-            )  # noqa: N806
-            scales = torch.linalg.lstsq(X, target).solution[:, 0]
-            carry = float(scales[0])
-            off_one = abs(carry) > 1e-6 and abs(carry - 1) > 64 * tol
-            if off_one and d.write_sum_error(zero, trace.h_out, X * scales) <= tol:
-                return (
-                    "its output is a multiple of h_in other than 1 plus module outputs: "
-                    "the block scales the stream it carries (a depth-scaled residual), "
-                    "so with every gate at 0 the stream still changes and h_out - h_in "
-                    "is no sum of writes"
-                )
+    scales = _lead_scales(trace, trace.h_in, pool, range(1, 4), dtype)
+    if any(abs(c) > 1e-6 and abs(c - 1) > 64 * tol for c in scales):
+        return (
+            "its output is a multiple of h_in other than 1 plus module outputs: "
+            "the block scales the stream it carries (a depth-scaled residual), "
+            "so with every gate at 0 the stream still changes and h_out - h_in "
+            "is no sum of writes"
+        )
     return None
 
 

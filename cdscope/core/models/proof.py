@@ -256,7 +256,7 @@ def prove(model: nn.Module, arch, ids: torch.Tensor, reference: torch.Tensor, st
             f"{_ZERO_MIXED if _is_mixed(arch) else _ZERO_PLAIN} (max |diff| {zero_err:.1e} "
             f"in {dtype_name}): something else writes to the residual stream"
         )
-    causal = causal_error(model, ids, reference)
+    causal = causal_error(model, ids, reference, name)
     own = own_head(model, arch.blocks_path, ids, reference)
     return ProofResult(
         tokens=int(ids.shape[1]),

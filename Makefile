@@ -8,7 +8,7 @@ STAMP := $(VENV)/.cdscope-installed
 # pip on these machines warns about every absent local index folder; keep the output readable.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,17 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_bshared.py
 	$(BIN)/python benchmarks/bench_regularizer.py
 	$(BIN)/python benchmarks/bench_eap.py
+
+# What travels to a lent GPU machine (docs/gpu.md): cdscope's own wheel, the pure-Python
+# wheels its image lacks (math-verify and its parsers), and the embedded model's tokenizer.
+# The device tool carries at most 64 MiB, the working tree included: checked here.
+GPU_EXTRA := math-verify latex2sympy2_extended antlr4-python3-runtime
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir -p .whl
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w .whl . 2>&1 | $(QUIET_PIP)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -c constraints.txt -d .whl $(GPU_EXTRA) 2>&1 | $(QUIET_PIP)
+	$(BIN)/python -c "import cdscope; cdscope.load_model().tokenizer.save_pretrained('.whl/tokenizer')" >/dev/null
+	$(BIN)/python benchmarks/gpu_check.py --travel-size
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

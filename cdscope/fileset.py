@@ -114,6 +114,9 @@ class FileSet:
             for target in sorted(self.targets, key=str):
                 self._locks.append(OutputLock(target).acquire())
             finish_pending(self.primary)
+        except WriteFailed as exc:  # a lock file on a full or read-only disk: name the output
+            self._release()
+            raise WriteFailed(self.primary, exc.reason) from None
         except BaseException:
             self._release()
             raise

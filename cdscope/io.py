@@ -68,12 +68,18 @@ def run_metadata(command: str, **fields: object) -> dict:
 
 
 def make_parents(target: Path) -> list[Path]:
-    """Create the missing folders above ``target``; return those created, deepest first."""
+    """Create the missing folders above ``target``; return those created, deepest first.
+    When one cannot be made (a full disk, a read-only file system), those made before it
+    are removed and the ``OSError`` propagates."""
     made, folder = [], target.parent
     while not folder.exists():
         made.append(folder)
         folder = folder.parent
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        remove_empty(made)
+        raise
     return made
 
 
@@ -129,25 +135,30 @@ def _umask() -> int:
     return current
 
 
+#: ``failure_reason``'s word for a full disk (ENOSPC in any writer's words)
+DISK_FULL = "disk full"
+
+
 class WriteFailed(CdscopeError):
     """An output could not be written; the temporary file or folder is already removed."""
 
     def __init__(self, target: Path, reason: str) -> None:
         self.target, self.reason = target, reason
+        fix = "free space or choose" if reason == DISK_FULL else "choose"
         super().__init__(
             f"could not write {target} ({reason}); nothing was left there: "
-            "free space or choose another output path"
+            f"{fix} another output path"
         )
 
 
-def _failure_reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """'disk full' for ENOSPC in any writer's words (OSError, safetensors, Arrow), else the
     first line of the error."""
     text = str(exc).strip()
     if getattr(exc, "errno", None) == errno.ENOSPC or any(
         word in text for word in ("No space left", "StorageFull", "os error 28")
     ):
-        return "disk full"
+        return DISK_FULL
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
@@ -159,7 +170,7 @@ def _failed(target: Path, exc: BaseException) -> BaseException:
     as one ``WriteFailed`` line."""
     if isinstance(exc, CdscopeError) or not isinstance(exc, Exception):
         return exc
-    return WriteFailed(target, _failure_reason(exc))
+    return WriteFailed(target, failure_reason(exc))
 
 
 def atomic_write_bytes(path: str | Path, write: object) -> None:

@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 from cdscope.errors import CdscopeError
-from cdscope.io import make_parents, remove_empty
+from cdscope.io import WriteFailed, failure_reason, make_parents, remove_empty
 
 try:
     import fcntl
@@ -106,8 +106,15 @@ class OutputLock:
         )
 
     def acquire(self) -> OutputLock:
-        """Take the lock or raise ``OutputBusy`` (one line naming the holder)."""
-        self._made = make_parents(self.path)
+        """Take the lock or raise ``OutputBusy`` (one line naming the holder).
+
+        A folder or lock file that cannot be made or written (a full disk, a read-only
+        file system, no permission) is one ``WriteFailed`` line naming the output; the
+        lock file and the folders made for it are removed again."""
+        try:
+            self._made = make_parents(self.path)
+        except OSError as exc:
+            raise WriteFailed(self.target, failure_reason(exc)) from None
         self._key = str(self.path.resolve())
         with _HELD_GUARD:
             if self._key in _HELD:
@@ -121,12 +128,22 @@ class OutputLock:
             record = json.dumps(_holder_record()).encode()
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, record, 0)
-        except BaseException:
-            self._close()
-            with _HELD_GUARD:
-                _HELD.discard(self._key)
+        except BaseException as exc:
+            self._give_up()
+            if isinstance(exc, OSError):
+                raise WriteFailed(self.target, failure_reason(exc)) from None
             raise
         return self
+
+    def _give_up(self) -> None:
+        """A failed ``acquire``: what ``release`` does (the lock file removed if it is ours),
+        also when no lock file was opened."""
+        if self._fd is not None:
+            self.release()
+            return
+        with _HELD_GUARD:
+            _HELD.discard(self._key)
+        remove_empty(self._made)
 
     def _record_lock(self) -> int | None:
         """The fd holding a ``lockf`` lock on ``self.path``; None when the file system has

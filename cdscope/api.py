@@ -11,14 +11,16 @@ file the CLI writes::
 
 Quantities: C, F and l_m (SPEC §2); B_shared, ACG, the decomposition and the random
 reference (SPEC §3-4); same-seed paired differences (SPEC §4). A wrong input raises
-``CdscopeError`` with one sentence saying what was wrong.
+``CdscopeError`` with one sentence saying what was wrong, in the API's words: its argument
+names (never a command-line flag: ``errors.python_api``) and its units (fractions).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +33,12 @@ from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import REQUIRED_KEYS, ProbePool, pool_from_records
 from cdscope.core.probes import draw_probe as _draw
 from cdscope.core.probes import load_pool as _load_pool_files
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, python_api
 from cdscope.messages import make_console
 from cdscope.output.frames import ProbeSettings
 from cdscope.resources import EMBEDDED_NAME
-from cdscope.settings.names import SUBLAYER
+from cdscope.settings.measuring import MAX_FAMILIES, MAX_GATES, MAX_TRIALS
+from cdscope.settings.names import COUNT_MAX, SEED_MAX, SUBLAYER
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -49,6 +52,47 @@ PoolSource = ProbePool | str | Path | Sequence[Any] | pd.DataFrame | None
 ModelLike = Any  # "LoadedModel | str | Path | transformers model"; see load_model
 
 
+def _api(func: Callable) -> Callable:
+    """A public function whose errors name its arguments, not command-line flags."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with python_api():
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _whole(name: str, value: object, low: int, high: int) -> int:
+    """``value`` as an int in [low, high], or one line naming ``name`` and what it got
+    (a bool, a float such as 2.5 or 2.0 and a string are no whole numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise CdscopeError(f"{name} must be a whole number, not {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise CdscopeError(f"{name} must lie in [{low}, {high:,}]; got {value}")
+    return int(value)
+
+
+def _seeds(seeds: object) -> tuple[int, ...]:
+    """``seeds``: a count S >= 1 (probe seeds 0..S-1) or a sequence of distinct seeds. A
+    string is refused, never read character by character ('12' is not seeds 1 and 2)."""
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, numbers.Integral | Iterable):
+        raise CdscopeError(
+            "seeds is a count (seeds=3 measures probe seeds 0, 1, 2) or a list of seeds "
+            f"(seeds=[4, 7]), not {type(seeds).__name__} {seeds!r}"
+        )
+    if isinstance(seeds, numbers.Integral):
+        return tuple(range(_whole("seeds", seeds, 1, COUNT_MAX)))
+    given = [_whole("each seed", s, 0, SEED_MAX) for s in seeds]  # type: ignore[union-attr]
+    if not given:
+        raise CdscopeError("seeds is an empty list; give at least one seed (or a count)")
+    twice = sorted({s for s in given if given.count(s) > 1})
+    if twice:
+        raise CdscopeError(f"seeds lists seed {twice[0]} more than once")
+    return tuple(given)
+
+
+@_api
 def load_model(
     model: ModelLike = EMBEDDED_NAME,
     tokenizer: Any = None,
@@ -75,6 +119,7 @@ def load_model(
     return open_model(model, tokenizer, options=options, name=name)
 
 
+@_api
 def load_pool(source: PoolSource = None) -> ProbePool:
     """A probe pool: the shipped math/code/logic pools (``None``), JSONL path(s), a list
     of dicts or a DataFrame with ``id``, ``family``, ``prompt``, ``target`` (strings;
@@ -107,16 +152,20 @@ def load_pool(source: PoolSource = None) -> ProbePool:
     )
 
 
+@_api
 def draw_probe(
     pool: PoolSource = None, seed: int = 0, n: int = 3, families: Sequence[str] | None = None
 ) -> pd.DataFrame:
     """The ``n`` items per family that probe seed ``seed`` measures (SPEC §4), as a frame
     with columns id, family, prompt, target, source: the same draw for every model."""
-    items = _draw(load_pool(pool), seed, n, families)
+    items = _draw(
+        load_pool(pool), _whole("seed", seed, 0, SEED_MAX), _whole("n", n, 1, COUNT_MAX), families
+    )
     columns = ["id", "family", "prompt", "target", "source"]
     return pd.DataFrame([[getattr(it, c) for c in columns] for it in items], columns=columns)
 
 
+@_api
 def measure(
     model: ModelLike | Sequence[ModelLike],
     probe: PoolSource = None,
@@ -136,23 +185,35 @@ def measure(
     from cdscope.commands.probe import collect_control
     from cdscope.commands.requests import ProbeRun
 
+    chosen = _seeds(seeds)  # every argument checked before any model loads
+    n = _whole("n", n, 1, COUNT_MAX)
+    if batch_size is not None:
+        batch_size = _whole("batch_size", batch_size, 1, COUNT_MAX)
+    if not isinstance(progress, bool):
+        raise CdscopeError(f"progress must be True or False, not {progress!r}")
+    settings = ProbeSettings(chosen, n, template, estimator, batch_size, granularity=granularity)
     given = list(model) if isinstance(model, list | tuple) else [model]
     models = [load_model(m) for m in given]
-    if isinstance(seeds, numbers.Integral):
-        if seeds < 1:
-            raise CdscopeError(f"seeds must be at least 1, got {seeds}")
-        seeds = range(seeds)
-    settings = ProbeSettings(
-        tuple(int(s) for s in seeds), n, template, estimator, batch_size, granularity=granularity
-    )
     console = make_console(quiet=not progress)
     frame, metadata = collect_control(ProbeRun(models, load_pool(probe), settings), console)
     frame.attrs["cdscope"] = metadata
     return frame
 
 
+#: the keyword arguments ``bshared`` / ``acg`` / ``decompose`` pass on to ``measure``
+MEASURE_OPTIONS = frozenset(
+    {"probe", "seeds", "n", "template", "estimator", "batch_size", "progress", "granularity"}
+)
+
+
 def _audit(command: str, data: Any, measure_options: dict[str, Any]) -> AuditResult:
     """A probe frame (or a model / list of models, measured first) -> an audit."""
+    unknown = sorted(set(measure_options) - MEASURE_OPTIONS)
+    if unknown:
+        raise CdscopeError(
+            f"{command} has no argument {unknown[0]!r}; a model is measured with "
+            f"{', '.join(sorted(MEASURE_OPTIONS))}"
+        )
     if isinstance(data, pd.DataFrame):
         if measure_options:
             raise CdscopeError(
@@ -166,6 +227,7 @@ def _audit(command: str, data: Any, measure_options: dict[str, Any]) -> AuditRes
     return evaluate_audit(AUDITS[command], frame, metadata, quiet)
 
 
+@_api
 def bshared(data: Any, **measure_options: Any) -> AuditResult:
     """B_shared(C) = lambda_1(C C^T) / tr(C C^T) and R(C) per model and seed (SPEC §3),
     mean ± SE over seeds and paired rows against the first model (SPEC §4).
@@ -175,17 +237,20 @@ def bshared(data: Any, **measure_options: Any) -> AuditResult:
     return _audit("bshared", data, measure_options)
 
 
+@_api
 def acg(data: Any, **measure_options: Any) -> AuditResult:
     """ACG = B_shared(F) - B_shared(C) per model and seed (SPEC §3); as ``bshared``."""
     return _audit("acg", data, measure_options)
 
 
+@_api
 def decompose(data: Any, **measure_options: Any) -> AuditResult:
     """B_dir, B_norm, pairwise |cos| of C's rows and each family's participation ratio
     (SPEC §3); as ``bshared``."""
     return _audit("decompose", data, measure_options)
 
 
+@_api
 def compare(
     data: AuditResult | pd.DataFrame, *, reference: str | None = None, audit: str = "bshared"
 ) -> pd.DataFrame:
@@ -217,6 +282,7 @@ def compare(
     return result.paired
 
 
+@_api
 def random_reference(
     families: int = 3,
     gates: int | None = None,
@@ -233,6 +299,12 @@ def random_reference(
     from cdscope.commands.random_ref import gate_count
     from cdscope.core.models.loading import LoadedModel
 
+    families = _whole("families", families, 2, MAX_FAMILIES)
+    gates = None if gates is None else _whole("gates", gates, 1, MAX_GATES)
+    trials = _whole("trials", trials, 1, MAX_TRIALS)
+    seed = _whole("seed", seed, 0, SEED_MAX)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise CdscopeError(f"value is a B_shared fraction, not {type(value).__name__} {value!r}")
     spec = None
     if isinstance(model, LoadedModel):
         gates = gates if gates is not None else gate_count(model.model)
@@ -242,6 +314,7 @@ def random_reference(
     return random_reference_result(families, gates, trials, seed, value, spec)
 
 
+@_api
 def plot(
     result: AuditResult | RandomReferenceResult,
     path: str | Path | None = None,
@@ -272,6 +345,7 @@ def plot(
     )
 
 
+@_api
 def read_results(path: str | Path) -> pd.DataFrame:
     """A Parquet file written by the CLI (or this API) as a DataFrame; its run metadata
     (models with revisions, probe hash, settings) is in ``frame.attrs["cdscope"]``."""

@@ -28,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, option
 from cdscope.schemas import arrow_table, strict_json
 from cdscope.version import __version__
 
@@ -124,7 +124,9 @@ def check_plot_path(path: Path) -> str:
     """The figure format from ``--plot``'s suffix (png, pdf, svg), or a one-line refusal."""
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in ("png", "pdf", "svg"):
-        raise CdscopeError(f"--plot must end in .png, .pdf or .svg; got {Path(path).name}")
+        raise CdscopeError(
+            f"{option('path', flag='--plot')} must end in .png, .pdf or .svg; got {Path(path).name}"
+        )
     check_writable(path)
     return suffix
 

@@ -139,7 +139,7 @@ def test_plot_writes_the_cli_figure(in_memory, pool_file, tmp_path) -> None:
     }
     cdscope.plot(result, tmp_path / "a.svg")
     assert (tmp_path / "a.svg").read_text().startswith("<?xml")
-    with pytest.raises(CdscopeError, match=r"plot must end in \.png"):
+    with pytest.raises(CdscopeError, match=r"^path must end in \.png"):  # the argument, not --plot
         cdscope.plot(result, tmp_path / "a.txt")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_reference
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, in_python, option
 from cdscope.fileset import FileSet
 from cdscope.io import check_plot_path, check_writable, run_metadata
 from cdscope.settings import RandomRefSettings
@@ -64,26 +64,25 @@ def random_reference_result(
     """
     if families < 2:
         raise CdscopeError(
-            f"--families must be at least 2 (B_shared of one row is always 1); got {families}"
+            f"{option('families')} must be at least 2 (B_shared of one row is always 1); "
+            f"got {families}"
         )
     if trials < 1:
-        raise CdscopeError(f"--trials must be at least 1; got {trials}")
+        raise CdscopeError(f"{option('trials')} must be at least 1; got {trials}")
     # the tables print B_shared to 0.1 %: a value typed from them may sit 0.05 points below
     if value is not None and not 1 / families - ROUNDING <= value <= 1:  # NaN fails both
-        raise CdscopeError(
-            f"--value is a percentage between 1/M = {100 / families:.4g} (no B_shared of "
-            f"M = {families} families is lower) and 100; got {100 * value:g}"
-        )
+        raise CdscopeError(value_range_error(families, value))
     if gates is None:
         if model is None:
-            raise CdscopeError("give --gates K, or --model to take K from a model")
+            ask = "gates=K, or model=" if in_python() else "--gates K, or --model"
+            raise CdscopeError(f"give {ask} to take K from a model")
         gates = model_gate_count(model, granularity)
     if gates < 1:
-        raise CdscopeError(f"--gates must be at least 1; got {gates}")
+        raise CdscopeError(f"{option('gates')} must be at least 1; got {gates}")
     drawn = families if gates >= max(BARTLETT_K, families) else gates  # X, or G directly
     if families * max(families, drawn) > MAX_ELEMENTS:  # one trial's X and X X^T
         raise CdscopeError(
-            f"--families {families} x --gates {gates} needs "
+            f"{option('families', families)} x {option('gates', gates)} needs "
             f"{8 * families * max(families, drawn) / 2**30:.1f} GiB per random matrix; "
             f"M x max(M, K) must stay below {MAX_ELEMENTS:,}"
         )
@@ -103,6 +102,22 @@ def random_reference_result(
         "granularity": granularity if model is not None else None,
     }
     return RandomReferenceResult(ref, stats)
+
+
+def value_range_error(families: int, value: float) -> str:
+    """The refusal of a measured B_shared outside [1/M, 1], in the caller's unit: percent
+    as typed on the command line (``--value``), a fraction in Python (``value=``), where a
+    percentage is the likely slip and is named as one."""
+    if not in_python():
+        return (
+            f"--value is a percentage between 1/M = {100 / families:.4g} (no B_shared of "
+            f"M = {families} families is lower) and 100; got {100 * value:g}"
+        )
+    slip = f" ({value:g}% is {value / 100:g})" if 1 < value <= 100 else ""
+    return (
+        f"value is a B_shared fraction between 1/M = {1 / families:.4g} (no B_shared of "
+        f"M = {families} families is lower) and 1, not a percentage; got {value:g}{slip}"
+    )
 
 
 def run_random_reference(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from cdscope.core.probes import ProbeItem
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, option
 from cdscope.settings.names import TEMPLATES
 
 
@@ -123,12 +123,15 @@ def prompt_text(tokenizer: object, prompt: str, template: str) -> tuple[str, boo
     ``apply_chat_template(tokenize=True)`` does).
     """
     if template not in TEMPLATES:
-        raise CdscopeError(f"--template must be one of {', '.join(TEMPLATES)}; got {template!r}")
+        raise CdscopeError(
+            f"{option('template')} must be one of {', '.join(TEMPLATES)}; got {template!r}"
+        )
     if template == "plain":
         return prompt, True
     if getattr(tokenizer, "chat_template", None) is None:
         raise CdscopeError(
-            "--template chat: this model's tokenizer has no chat template; use --template plain"
+            f"{option('template', 'chat')}: this model's tokenizer has no chat template; use "
+            f"{option('template', 'plain')}"
         )
     messages = [{"role": "user", "content": prompt}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # type: ignore[attr-defined]

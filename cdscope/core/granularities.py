@@ -104,5 +104,5 @@ GATES: dict[str, Callable[[nn.Module], Gates]] = {
 
 def gates_for(model: nn.Module, granularity: str) -> Gates:
     """The gates of ``model`` at ``granularity`` (one line for an unknown name)."""
-    require_one_of("--granularity", granularity, GRANULARITIES)
+    require_one_of("granularity", granularity, GRANULARITIES)
     return GATES[granularity](model)

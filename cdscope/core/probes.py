@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, option
 from cdscope.io import json_record, jsonl_lines, require_keys
 from cdscope.resources import default_probe_dir
 
@@ -68,7 +68,7 @@ def default_pool_paths() -> list[Path]:
     paths = sorted(directory.glob("*.jsonl"))
     if not paths:
         raise CdscopeError(
-            f"no shipped probe pools found in {directory}; pass --probe FILE.jsonl "
+            f"no shipped probe pools found in {directory}; pass {option('probe', 'FILE.jsonl')} "
             "or set CDSCOPE_PROBES to a folder of pool files"
         )
     return paths
@@ -148,7 +148,7 @@ def draw_probe(
     Returns the items grouped by family in ``pool.families`` order (or ``families``).
     """
     if n < 1:
-        raise CdscopeError(f"--n must be at least 1, got {n}")
+        raise CdscopeError(f"{option('n')} must be at least 1, got {n}")
     chosen = list(families) if families else pool.families
     drawn: list[ProbeItem] = []
     for family in chosen:
@@ -159,8 +159,8 @@ def draw_probe(
             )
         if len(items) < n:
             raise CdscopeError(
-                f"family {family!r} has {len(items)} probe item(s), fewer than --n {n}; "
-                "lower --n or add items to the pool"
+                f"family {family!r} has {len(items)} probe item(s), fewer than "
+                f"{option('n', n)}; lower {option('n')} or add items to the pool"
             )
         picks = _family_rng(seed, family).choice(len(items), size=n, replace=False)
         drawn.extend(items[i] for i in sorted(picks))

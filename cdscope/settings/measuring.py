@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, option
 from cdscope.settings.names import (
     BATCH_HELP,
     C_ESTIMATORS,
@@ -50,16 +50,16 @@ class ProbeSettings:
     granularity: str = setting(SUBLAYER, "--granularity", GRANULARITY_HELP)
 
     def __post_init__(self) -> None:
-        require_one_of("--granularity", self.granularity, GRANULARITIES)
+        require_one_of("granularity", self.granularity, GRANULARITIES)
         if not self.seeds:
-            raise CdscopeError("--seeds must be at least 1")
-        require_one_of("--estimator", self.estimator, C_ESTIMATORS)
+            raise CdscopeError(f"{option('seeds')} must be at least 1")
+        require_one_of("estimator", self.estimator, C_ESTIMATORS)
         if self.granularity == EDGE and self.estimator != "autograd":
             raise CdscopeError(
-                "edge granularity has only the autograd estimator: drop --estimator fd"
+                f"edge granularity has only the autograd estimator: drop {option('estimator', 'fd')}"
             )
         if self.fd_order not in (2, 4):
-            raise CdscopeError(f"--fd-order must be 2 or 4; got {self.fd_order}")
+            raise CdscopeError(f"{option('fd_order')} must be 2 or 4; got {self.fd_order}")
         require_batch_size(self.batch_size)
 
     def comparable(self) -> dict:

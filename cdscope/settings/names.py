@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, option
 
 #: RNG seeds fit the 32-bit words numpy's SeedSequence and torch.manual_seed take.
 SEED_MAX = 2**32 - 1
@@ -84,18 +84,14 @@ def option_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
 
 
-def flag_of(name: str) -> str:
-    """The option spelling of a field name: ``batch_size`` -> ``--batch-size``."""
-    return "--" + name.replace("_", "-")
-
-
-def require_one_of(flag: str, value: object, choices: Sequence[str], sep: str = ", ") -> None:
-    """One-line error unless ``value`` is one of ``choices``."""
+def require_one_of(name: str, value: object, choices: Sequence[str], sep: str = ", ") -> None:
+    """One-line error unless input ``name`` (a field name: ``errors.option`` spells it for
+    the command line or Python) is one of ``choices``."""
     if value not in choices:
-        raise CdscopeError(f"{flag} must be one of {sep.join(choices)}; got {value!r}")
+        raise CdscopeError(f"{option(name)} must be one of {sep.join(choices)}; got {value!r}")
 
 
 def require_batch_size(batch_size: int | None) -> None:
     """``--batch-size``: unset (the device decides) or at least 1."""
     if batch_size is not None and batch_size < 1:
-        raise CdscopeError(f"--batch-size must be at least 1, got {batch_size}")
+        raise CdscopeError(f"{option('batch_size')} must be at least 1, got {batch_size}")

@@ -52,7 +52,7 @@ from cdscope.core.gates.vocabulary import GateSite
 from cdscope.core.models import discovery as d
 from cdscope.core.models.architecture import Architecture, Write
 from cdscope.core.models.placement import execution_device
-from cdscope.errors import CdscopeError
+from cdscope.errors import CdscopeError, option
 from cdscope.settings.names import SUBLAYER
 
 #: granularity -> {write role: the unit its writes are split into}; roles not named keep one
@@ -64,6 +64,11 @@ UNIT_KINDS: dict[str, dict[str, str]] = {
 }
 _WHAT = {"head": "attention heads", "expert": "MoE experts", "neuron": "MLP neurons"}
 _UNITS = {"head": "heads", "expert": "experts", "neuron": "neurons"}
+
+
+def sublayer_instead() -> str:
+    """The way out of a refused finer gate set: one gate per write."""
+    return f"use {option('granularity', SUBLAYER)}"
 
 
 # ------------------------------------------------------------------------ discovery
@@ -114,7 +119,7 @@ def find_projections(model: nn.Module, writes: list[Write]) -> dict[str, nn.Modu
         if not equal:
             raise CdscopeError(
                 f"layer {w.layer} {w.role}: no Linear inside {w.sublayer} outputs the write, so "
-                "it cannot be split into units; use --granularity sublayer"
+                f"it cannot be split into units; {sublayer_instead()}"
             )
         found[w.path] = model.get_submodule(equal[-1])
     return found
@@ -126,7 +131,7 @@ def _head_count(model: nn.Module, proj: nn.Module, w: Write) -> int:
     if heads < 1 or width % heads:
         raise CdscopeError(
             f"layer {w.layer}: the attention output projection reads {width} features, not a "
-            f"whole number of {heads} heads; use --granularity sublayer"
+            f"whole number of {heads} heads; {sublayer_instead()}"
         )
     return heads
 
@@ -141,7 +146,7 @@ def _expert_site(model: nn.Module, k: int, w: Write) -> ExpertSite:
     if len(fused) != 1:
         raise CdscopeError(
             f"layer {w.layer}: the MoE block {type(sub).__name__} has no fused experts module "
-            f"taking ({', '.join(EXPERT_ARGS)}); --granularity expert needs one"
+            f"taking ({', '.join(EXPERT_ARGS)}); {option('granularity', 'expert')} needs one"
         )
     experts = fused[0]
     count = int(getattr(experts, "num_experts", 0) or experts.down_proj.shape[0])
@@ -164,18 +169,18 @@ def unit_sites(model: nn.Module, arch: Architecture, granularity: str) -> list[G
     if not any(kinds.values()):
         raise CdscopeError(
             f"{arch.model_type} has no {_WHAT[granularity]} (its writes are "
-            f"{', '.join(sorted({w.role for w in arch.writes}))}): use another --granularity"
+            f"{', '.join(sorted({w.role for w in arch.writes}))}): use another {option('granularity')}"
         )
     if any(w.expand for w in arch.writes):
         raise CdscopeError(
             f"{arch.model_type}'s writes enter several residual streams (hyper-connections): "
-            "a unit's F would miss the stream weights; use --granularity sublayer"
+            f"a unit's F would miss the stream weights; {sublayer_instead()}"
         )
     for w in arch.writes:
         if kinds[w.path] and w.post_norm:
             raise CdscopeError(
                 f"{arch.model_type}: layer {w.layer}'s {w.role} write is normalised after the "
-                f"sublayer, so it is not a sum of {_UNITS[kinds[w.path]]}; use --granularity sublayer"
+                f"sublayer, so it is not a sum of {_UNITS[kinds[w.path]]}; {sublayer_instead()}"
             )
     sliced = [w for w in arch.writes if kinds[w.path] in ("head", "neuron")]
     projections = find_projections(model, sliced) if sliced else {}

@@ -36,7 +36,7 @@ from torch import nn
 from cdscope.core.models.hub import cached_commit, hub_access, hub_failure, models_inside
 from cdscope.core.models.placement import Placement, execution_device
 from cdscope.embedded import embedded_cache_dir, embedded_gguf_path
-from cdscope.errors import CdscopeError, missing_extra
+from cdscope.errors import CdscopeError, missing_extra, option
 from cdscope.resources import EMBEDDED_NAME
 
 DTYPES = {
@@ -78,15 +78,16 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise CdscopeError(
-            f"--device {device}: CUDA is not available on this machine; use --device cpu"
+            f"{option('device', device)}: CUDA is not available on this machine; use "
+            f"{option('device', 'cpu')}"
         )
     if device == "mps" and not _mps_available():
         raise CdscopeError(
-            "--device mps: this torch has no usable MPS backend (Apple silicon, macOS 12.3+); "
-            "use --device cpu"
+            f"{option('device', 'mps')}: this torch has no usable MPS backend (Apple silicon, "
+            f"macOS 12.3+); use {option('device', 'cpu')}"
         )
     if device not in ("cpu", "mps") and not device.startswith("cuda"):
-        raise CdscopeError(f"--device must be auto, cpu, cuda[:N] or mps, got {device!r}")
+        raise CdscopeError(f"{option('device')} must be auto, cpu, cuda[:N] or mps, got {device!r}")
     return torch.device(device)
 
 
@@ -101,7 +102,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         )
         return torch.bfloat16 if cuda_bf16 else torch.float32
     if dtype not in DTYPES:
-        raise CdscopeError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+        raise CdscopeError(
+            f"{option('dtype')} must be one of auto, {', '.join(DTYPES)}; got {dtype!r}"
+        )
     check_dtype_on_device(DTYPES[dtype], device)
     return DTYPES[dtype]
 
@@ -114,24 +117,24 @@ def check_dtype_on_device(dtype: torch.dtype, device: torch.device) -> None:
     name = str(dtype).removeprefix("torch.")
     if device.type == "mps" and dtype == torch.float64:
         raise CdscopeError(
-            "--dtype float64 is not supported on MPS (Apple GPUs have no float64); use "
-            "--dtype float32, or --device cpu for float64"
+            f"{option('dtype', 'float64')} is not supported on MPS (Apple GPUs have no "
+            f"float64); use {option('dtype', 'float32')}, or {option('device', 'cpu')} for float64"
         )
     if device.type == "cuda" and dtype == torch.bfloat16:
         index = device.index if device.index is not None else torch.cuda.current_device()
         if not torch.cuda.is_bf16_supported(including_emulation=False):
             major, minor = torch.cuda.get_device_capability(index)
             raise CdscopeError(
-                f"--dtype bfloat16 is not supported on {device} (compute capability "
-                f"{major}.{minor}, bfloat16 needs 8.0+); use --dtype float16 or float32"
+                f"{option('dtype', 'bfloat16')} is not supported on {device} (compute "
+                f"capability {major}.{minor}, bfloat16 needs 8.0+); use float16 or float32"
             )
     if device.type == "mps" and dtype == torch.bfloat16:
         try:
             torch.ones(2, dtype=dtype, device=device).sum().item()
         except (RuntimeError, TypeError) as exc:
             raise CdscopeError(
-                f"--dtype {name} is not supported on mps here ({str(exc).splitlines()[0]}); "
-                "use --dtype float16 or float32"
+                f"{option('dtype', name)} is not supported on mps here "
+                f"({str(exc).splitlines()[0]}); use float16 or float32"
             ) from None
 
 
@@ -413,9 +416,13 @@ def load_model(
         )
 
     if attn not in ATTN_IMPLEMENTATIONS:
-        raise CdscopeError(f"--attn must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {attn!r}")
+        raise CdscopeError(
+            f"{option('attn')} must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {attn!r}"
+        )
     if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        raise missing_extra("--attn flash_attention_2", "gpu", "flash-attn is not installed")
+        raise missing_extra(
+            option("attn", "flash_attention_2"), "gpu", "flash-attn is not installed"
+        )
     kwargs: dict = {"dtype": torch_dtype}
     if attn != "auto":
         kwargs["attn_implementation"] = attn
@@ -424,7 +431,8 @@ def load_model(
     is_hub = not (spec == EMBEDDED_NAME or path.suffix == ".gguf" or path.is_dir())
     if revision is not None and not is_hub:
         raise CdscopeError(
-            f"--revision applies to hub ids; {spec!r} is a local model (drop --revision)"
+            f"{option('revision')} applies to hub ids; {spec!r} is a local model "
+            f"(drop {option('revision')})"
         )
     try:
         if not is_hub:  # the embedded model, a .gguf file, a local directory

@@ -102,19 +102,23 @@ def eval_command(  # size: 16 parameters, each one command-line option (Typer re
 ) -> None:
     """Sample n completions per problem, verify them, report unbiased pass@k (SPEC §7).
 
-    pass@k per benchmark (mean over problems), per domain (mean of its benchmarks) and
-    overall (mean of domains), plus the --hard subset. Writes OUT/samples.parquet (one
+    pass@k per benchmark (mean over problems; each --tasks file is a benchmark unless its
+    rows name one), per domain (mean of its benchmarks) and overall (mean of domains),
+    plus the --hard subset. Writes OUT/samples.parquet (one
     row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
     """
     from cdscope.commands.evaluate import contamination_audit, eval_outputs, read_hard_ids
     from cdscope.commands.requests import EvalRequest
     from cdscope.core.models.opening import ModelOptions
-    from cdscope.tasks import default_task_paths, load_tasks
+    from cdscope.tasks import default_task_paths
+    from cdscope.tasks.contamination import benchmark_sources
+    from cdscope.tasks.format import load_task_sources
 
     options = ModelOptions.from_settings(model_settings)
     resume_with = resume_arg(resume, recompute)
     task_paths = list(tasks) if tasks else default_task_paths("eval")
-    loaded_tasks = load_tasks(task_paths, columns=task_columns)
+    read = load_task_sources(task_paths, columns=task_columns)
+    loaded_tasks, sources = [task for task, _ in read], benchmark_sources(read)
     settings = dataclasses.replace(
         eval_settings,
         ks=tuple(parse_ks(k)),
@@ -123,13 +127,15 @@ def eval_command(  # size: 16 parameters, each one command-line option (Typer re
     run_models = bool(model) or not audit
     request = EvalRequest(
         models_or_embedded(model), loaded_tasks, settings, out, options, resume_with,
-        read_hard_ids(hard, loaded_tasks) if hard else None,
+        read_hard_ids(hard, loaded_tasks) if hard else None, sources,
     )  # fmt: skip
     if run_models:
         _check_run(request, plot)
     with eval_outputs(out, run_models, audit, plot) as files:  # locked now, committed together
         contamination = (
-            contamination_audit(loaded_tasks, task_paths, audit_train, audit_probe, out, files)
+            contamination_audit(
+                loaded_tasks, task_paths, audit_train, audit_probe, out, files, sources
+            )
             if audit
             else None
         )

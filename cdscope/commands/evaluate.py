@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import importlib.util
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,14 +73,18 @@ def problem_seed(seed: int, problem_id: str) -> int:
     return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def select(tasks: Sequence, limit: int | None) -> list[tuple[object, str]]:
-    """(task, benchmark) for the first ``limit`` tasks of each benchmark, in file order."""
+def select(
+    tasks: Sequence, limit: int | None, sources: Mapping[str, str] | None = None
+) -> list[tuple[object, str]]:
+    """(task, benchmark) for the first ``limit`` tasks of each benchmark, in file order;
+    ``sources``: task id -> the name of its file (``benchmark_of``)."""
     if limit is not None and limit < 1:
         raise CdscopeError(f"--limit must be >= 1, got {limit}")
+    sources = sources or {}
     taken: dict[str, int] = {}
     out = []
     for task in tasks:
-        bench = benchmark_of(task.id, task.family, task.meta)
+        bench = benchmark_of(task.id, task.family, task.meta, sources.get(task.id))
         if limit is None or taken.get(bench, 0) < limit:
             taken[bench] = taken.get(bench, 0) + 1
             out.append((task, bench))
@@ -130,13 +134,15 @@ def contamination_audit(
     probe_paths: Sequence[Path] | None,
     out_dir: Path,
     outputs: FileSet | None = None,
+    sources: Mapping[str, str] | None = None,
 ) -> tuple[pd.DataFrame, Path]:
     """``eval --audit``: the eval ``tasks`` against the training tasks and probe pools
     (shipped ones where no paths are given; ``cdscope.tasks.contamination``), written to
     ``out_dir/contamination.parquet`` (a file of ``outputs``, the run's output set, when
-    given); returns (frame, path)."""
+    given); returns (frame, path). Rows per eval benchmark, as ``select`` names them."""
     target = check_writable(out_dir / "contamination.parquet")
-    frame = audit(items_from_tasks(tasks), reference_sets(train_paths, probe_paths))
+    items = items_from_tasks(tasks, sources)
+    frame = audit(items, reference_sets(train_paths, probe_paths))
     metadata = run_metadata(
         "eval --audit",
         task_files=[str(p) for p in task_paths],
@@ -239,7 +245,7 @@ def _evaluate(request: EvalRequest, console: Console, outputs: FileSet) -> EvalR
     settings = request.settings
     ks = check_ks(settings.ks, settings.n)
     check_backend(settings.backend)
-    chosen = select(request.tasks, settings.limit)
+    chosen = select(request.tasks, settings.limit, request.task_sources)
     require_sandbox_for([t for t, _ in chosen], "drop the code task files from --tasks")
     sampler = _Sampler(request, chosen, ks, console)
     outputs.lock()  # before reading what another run may be writing
@@ -371,10 +377,14 @@ class _Sampler:
             if frames
             else pd.DataFrame(columns=COMPLETION_COLUMNS)
         )
+        # a problem's benchmark as named now: rows kept by --resume from a file written
+        # before each --tasks file was a benchmark of its own get today's name
+        benchmark = {t.id: b for t, b in self.chosen}
+        samples["benchmark"] = samples["problem_id"].map(benchmark).fillna(samples["benchmark"])
         outputs.write_parquet(samples, self.samples_path, self.metadata)
         outputs.remove_on_commit(partial_path(self.samples_path))
         wanted = samples["model"].isin(list(self.request.model_specs)) & samples["problem_id"].isin(
-            [t.id for t, _ in self.chosen]
+            list(benchmark)
         )
         hard_ids = self.request.hard_ids
         passk = summarize(samples[wanted], self.ks, hard_ids)

@@ -11,7 +11,7 @@ writes, not what it measures.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +68,9 @@ class ProbeRequest:
 class EvalRequest:
     """One eval run: every model in ``model_specs`` on ``tasks`` with ``settings``, into
     ``out_dir`` (samples.parquet, passk.parquet), loaded with ``options``; ``resume`` as
-    for the probe; ``hard_ids``: the --hard subset's task ids."""
+    for the probe; ``hard_ids``: the --hard subset's task ids; ``task_sources``: task id ->
+    the name of the file it came from (``contamination.benchmark_sources``), so that each
+    ``--tasks`` file is a benchmark of its own unless its rows name one."""
 
     model_specs: Sequence[str]
     tasks: Sequence
@@ -77,3 +79,4 @@ class EvalRequest:
     options: ModelOptions = ModelOptions()
     resume: bool | str = False
     hard_ids: Collection[str] | None = None
+    task_sources: Mapping[str, str] | None = None

@@ -284,24 +284,45 @@ def random_reference_figure(
     return ax.figure
 
 
+#: panels per row of the pass@k figure
+PASSK_COLUMNS = 4
+#: how far apart (in log2 k) the points of successive models are drawn, so that models
+#: with equal pass@k stay visible side by side instead of one line hiding the other
+PASSK_DODGE = 0.06
+
+
+def passk_panels(passk: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows) of each panel of the pass@k figure (SPEC §7): every benchmark, each
+    domain's mean after its benchmarks when it has several (with one, the benchmark is the
+    domain), then overall."""
+    rows = passk[passk["subset"] == "all"]
+    panels = []
+    for domain in sorted(rows.loc[rows["level"] == "domain", "domain"].unique()):
+        benches = rows[(rows["level"] == "benchmark") & (rows["domain"] == domain)]
+        names = sorted(benches["benchmark"].unique())
+        panels += [(name, benches[benches["benchmark"] == name]) for name in names]
+        if len(names) > 1:
+            part = rows[(rows["level"] == "domain") & (rows["domain"] == domain)]
+            panels.append((f"{domain} (mean of {len(names)})", part))
+    return [*panels, ("overall", rows[rows["level"] == "overall"])]
+
+
 @styled
 def passk_figure(passk: pd.DataFrame, models: list[str] | None = None) -> Figure:
-    """pass@k against k (SPEC §7): one panel per domain plus overall, one line per model
-    (in the order of ``models``, default: as they appear)."""
-    rows = passk[(passk["subset"] == "all") & passk["level"].isin(["domain", "overall"])]
-    panels = [*sorted(rows.loc[rows["level"] == "domain", "domain"].unique()), "overall"]
-    models = models or list(dict.fromkeys(rows["model"]))
-    fig, axes = new_axes(1, len(panels), (3.4 * len(panels), 3.3))
-    for ax, panel in zip(axes[0], panels, strict=True):
-        part = (
-            rows[rows["level"] == "overall"]
-            if panel == "overall"
-            else rows[rows["domain"] == panel]
-        )
+    """pass@k against k (SPEC §7): one panel per benchmark, domain mean and overall
+    (``passk_panels``), one line per model (in the order of ``models``, default: as they
+    appear), each model's points shifted by ``PASSK_DODGE`` so equal curves stay visible."""
+    panels = passk_panels(passk)
+    models = models or list(dict.fromkeys(passk["model"]))
+    columns = min(PASSK_COLUMNS, len(panels))
+    nrows = -(-len(panels) // columns)
+    fig, axes = new_axes(nrows, columns, (3.4 * columns, 3.1 * nrows))
+    for ax, (title, part) in zip(axes.flat, panels, strict=False):
         for i, model in enumerate(models):
             line = part[part["model"] == model].sort_values("k")
+            shift = 2.0 ** (PASSK_DODGE * (i - (len(models) - 1) / 2))
             ax.plot(
-                line["k"],
+                line["k"] * shift,
                 100 * line["pass_at_k"],
                 marker=MARKERS[i % len(MARKERS)],
                 markersize=8 - 2 * (i % 3),  # later models drawn smaller: equal curves stay visible
@@ -310,15 +331,19 @@ def passk_figure(passk: pd.DataFrame, models: list[str] | None = None) -> Figure
                 label=short_label(model),
             )
         problems = int(part["problems"].max()) if len(part) else 0
-        ax.set_title(f"{panel} ({problems} problem{'' if problems == 1 else 's'})")
+        ax.set_title(f"{title} ({problems} problem{'' if problems == 1 else 's'})", fontsize=9)
         ax.set_xscale("log", base=2)
         ks = sorted(part["k"].unique())
         ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
         ax.set_xlabel("k")
         ax.set_ylim(-2, 102)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("pass@k (%)")
-    axes[0][-1].legend(loc="best", fontsize=8, frameon=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("pass@k (%)")
+    axes.flat[len(panels) - 1].legend(loc="best", fontsize=8, frameon=False)
     return fig
 
 

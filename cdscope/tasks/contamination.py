@@ -47,16 +47,42 @@ class AuditItem:
     asserts: frozenset[str] = frozenset()
 
 
-def benchmark_of(task_id: str, family: str, meta: Mapping | None = None) -> str:
-    """A task's benchmark: ``family/generator`` from meta, else the id's first two parts.
+def benchmark_of(
+    task_id: str, family: str, meta: Mapping | None = None, source: str | None = None
+) -> str:
+    """A task's benchmark, ``family/NAME`` (SPEC §7: pass@k is reported per benchmark).
 
-    ``math/gsm_symbolic/eval/3`` -> ``math/gsm_symbolic``; ``code/HumanEval/42`` ->
-    ``code/HumanEval``; an id without '/' falls back to the family alone.
+    NAME, first found: the row's ``meta.benchmark``; ``meta.generator`` (the shipped
+    sets); the id's second part (``math/gsm_symbolic/eval/3`` -> ``gsm_symbolic``); the
+    first part of a two-part id other than the family (``HumanEval/42`` -> ``HumanEval``,
+    ``gsm8k/7`` -> ``gsm8k``, as the readers name rows); the ``source`` the task was read
+    from (its file name: ``benchmark_sources``). Without any of these, the family alone.
     """
-    if meta and isinstance(meta.get("generator"), str):
-        return f"{family}/{meta['generator']}"
+    meta = meta or {}
+    for key in ("benchmark", "generator"):
+        if isinstance(meta.get(key), str) and meta[key].strip():
+            name = meta[key].strip()
+            return name if name.startswith(f"{family}/") else f"{family}/{name}"
     parts = task_id.split("/")
-    return "/".join(parts[:2]) if len(parts) >= 3 else family
+    if len(parts) >= 3:
+        return "/".join(parts[:2])
+    if len(parts) == 2 and parts[0] and parts[0] != family:  # family/N names no benchmark
+        return f"{family}/{parts[0]}"
+    return f"{family}/{source}" if source else family
+
+
+def benchmark_sources(sources: Sequence[tuple[object, Path]]) -> dict[str, str]:
+    """Task id -> the name of the source it was read from, for ``benchmark_of``: each
+    ``--tasks`` file or folder is a benchmark of its own unless its rows name one. The
+    name is the file's stem (a folder's name); sources sharing a stem (``a/test.parquet``,
+    ``b/test.parquet``) are told apart by their folder (``a/test``, ``b/test``)."""
+    paths = list(dict.fromkeys(path for _, path in sources))
+    stems = Counter(path.stem for path in paths)
+    names = {
+        path: path.stem if stems[path.stem] == 1 else f"{path.parent.name}/{path.stem}"
+        for path in paths
+    }
+    return {task.id: names[path] for task, path in sources}  # type: ignore[attr-defined]
 
 
 def normalise(text: str) -> str:
@@ -82,10 +108,17 @@ def assert_set(tests: str | None) -> frozenset[str]:
     )
 
 
-def items_from_tasks(tasks: Iterable) -> list[AuditItem]:
-    """AuditItems of ``cdscope.tasks.Task`` records (group = benchmark)."""
+def items_from_tasks(tasks: Iterable, sources: Mapping[str, str] | None = None) -> list[AuditItem]:
+    """AuditItems of ``cdscope.tasks.Task`` records (group = benchmark; ``sources``: task
+    id -> source name, ``benchmark_sources``)."""
+    sources = sources or {}
     return [
-        AuditItem(t.id, benchmark_of(t.id, t.family, t.meta), t.prompt, assert_set(t.tests))
+        AuditItem(
+            t.id,
+            benchmark_of(t.id, t.family, t.meta, sources.get(t.id)),
+            t.prompt,
+            assert_set(t.tests),
+        )  # fmt: skip
         for t in tasks
     ]
 

@@ -116,9 +116,17 @@ def load_tasks(paths: Sequence[str | Path], columns: str | None = None) -> list[
     """Read and validate task sources in order (JSONL, Parquet, ``datasets`` folders, in
     cdscope's format or a known schema -- ``readers``); ``columns`` is a mapping for
     sources that name none. Duplicate ids across sources are errors."""
+    return [task for task, _ in load_task_sources(paths, columns)]
+
+
+def load_task_sources(
+    paths: Sequence[str | Path], columns: str | None = None
+) -> list[tuple[Task, Path]]:
+    """``load_tasks``, each task with the file or folder it was read from (what names a
+    brought-in benchmark: ``contamination.benchmark_sources``)."""
     if not paths:
         raise CdscopeError("no task files given; pass --tasks FILE.jsonl")
-    tasks: list[Task] = []
+    tasks: list[tuple[Task, Path]] = []
     first_seen: dict[str, str] = {}
     for raw in paths:
         for task, where in _source_tasks(raw, columns):
@@ -127,7 +135,7 @@ def load_tasks(paths: Sequence[str | Path], columns: str | None = None) -> list[
                     f"{where}: duplicate id {task.id!r} (first at {first_seen[task.id]})"
                 )
             first_seen[task.id] = where
-            tasks.append(task)
+            tasks.append((task, split_source(raw)[0]))
     return tasks
 
 

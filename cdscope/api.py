@@ -111,12 +111,13 @@ def load_model(
     float16 | float64 (for a model object, ``auto`` keeps its device and dtype).
     ``revision`` pins a hub branch, tag or commit; ``name`` labels the rows.
     """
-    from cdscope.core.models.opening import open_model
+    from cdscope.core.models.opening import library_bars_off, open_model
 
     options = ModelOptions(
         device, dtype, attn, revision=revision, trust_remote_code=trust_remote_code
     )
-    return open_model(model, tokenizer, options=options, name=name)
+    with library_bars_off():  # as quiet as the CLI
+        return open_model(model, tokenizer, options=options, name=name)
 
 
 @_api
@@ -311,6 +312,11 @@ def random_reference(
         spec = model.name
     elif model is not None:
         spec = str(model)
+    if spec is not None and gates is None:  # K of a model loaded here: quietly, as load_model
+        from cdscope.core.models.opening import library_bars_off
+
+        with library_bars_off():
+            return random_reference_result(families, gates, trials, seed, value, spec)
     return random_reference_result(families, gates, trials, seed, value, spec)
 
 

@@ -120,6 +120,27 @@ def check_writable(path: str | Path) -> Path:
     return target
 
 
+#: suffixes of formats cdscope does not write: an output named so would be Parquet under a
+#: name that says otherwise (``-o x.csv`` once wrote Parquet into x.csv, silently)
+OTHER_FORMATS = frozenset((
+    ".csv", ".tsv", ".txt", ".json", ".jsonl", ".xlsx", ".xls", ".feather", ".arrow", ".pkl",
+    ".pickle", ".h5", ".hdf5", ".npy", ".npz", ".html", ".png", ".pdf", ".svg",
+))  # fmt: skip
+
+
+def check_parquet_output(path: str | Path) -> Path:
+    """``check_writable`` for a Parquet output (``--out`` of probe, the audits, nsweep,
+    random-ref, gradcheck, eap-info), refusing a name whose suffix is another format."""
+    target = Path(path)
+    if target.suffix.lower() in OTHER_FORMATS:
+        parquet = target.with_suffix(".parquet").name
+        raise CdscopeError(
+            f"{option('out')} {target}: cdscope writes Parquet, not {target.suffix.lower()[1:]}; "
+            f"name it {parquet} (pandas.read_parquet reads it, to convert)"
+        )
+    return check_writable(target)
+
+
 def check_plot_path(path: Path) -> str:
     """The figure format from ``--plot``'s suffix (png, pdf, svg), or a one-line refusal."""
     suffix = Path(path).suffix.lower().lstrip(".")

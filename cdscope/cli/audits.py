@@ -36,7 +36,7 @@ def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 
     measuring (seeds, probe, batch size, resume, the model options) is refused."""
     from cdscope.commands.requests import ProbeRequest
     from cdscope.core.models.opening import ModelOptions
-    from cdscope.io import check_writable
+    from cdscope.io import check_parquet_output
 
     from_path, resume = values["from_path"], resume_arg(values["resume"], values["recompute"])
     if from_path is not None:
@@ -49,7 +49,7 @@ def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 
         batch_size=values["batch_size"],
     )
     return ProbeRequest(
-        out=check_writable(values["out"]),
+        out=check_parquet_output(values["out"]),
         model_specs=models_or_embedded(values["model"]) if from_path is None else values["model"],
         settings=settings, from_path=from_path, probe_paths=values["probe"],
         options=ModelOptions.from_settings(model_settings), resume=resume, explicit=explicit,

@@ -66,11 +66,11 @@ def eap_info(
     from cdscope.commands.eap_info import eap_outputs, run_eap_info, write_eap_outputs
     from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
-    from cdscope.io import check_plot_path, check_writable
+    from cdscope.io import check_parquet_output, check_plot_path
     from cdscope.output.render import eap_summary_table
 
     options = ModelOptions.from_settings(model_settings)
-    target = check_writable(out)
+    target = check_parquet_output(out)
     if plot is not None:
         check_plot_path(plot)
     with eap_outputs(target, plot) as files:  # locked before the work, written as one set

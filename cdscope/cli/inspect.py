@@ -34,7 +34,8 @@ def inspect(
     if as_json:
         from cdscope.schemas import strict_json
 
-        typer.echo(json.dumps(strict_json(record), indent=2, allow_nan=False))
+        payload = {"command": "inspect", **record}  # as every --json output begins
+        typer.echo(json.dumps(strict_json(payload), indent=2, allow_nan=False))
         return
     from cdscope.output.render_models import layout_notes, layout_table
 

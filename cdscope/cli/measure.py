@@ -24,7 +24,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.cli.options import annotated, with_settings
-from cdscope.cli.params import SEED_MAX
+from cdscope.cli.params import SEED_MAX, finite
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
@@ -63,14 +63,14 @@ def probe(  # size: 15 parameters, each one command-line option (Typer reads the
     from cdscope.commands.requests import ProbeRun
     from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
-    from cdscope.io import check_writable
+    from cdscope.io import check_parquet_output
     from cdscope.output.render import seed_summary_table
 
     settings = ProbeSettings(
         tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order, granularity
     )
     options = ModelOptions.from_settings(model_settings)
-    target = check_writable(out)
+    target = check_parquet_output(out)
     pool = load_pool(probe)
     run = ProbeRun(
         models_or_embedded(model), pool, settings, target, options, resume_arg(resume, recompute)
@@ -107,12 +107,14 @@ def _seed_records(frame) -> list[dict]:  # noqa: ANN001
 
 
 def _eps_list(text: str) -> tuple[float, ...]:
-    """``--eps 0.05,0.01`` -> (0.05, 0.01); ``GradcheckSettings`` checks their range."""
+    """``--eps 0.05,0.01`` -> (0.05, 0.01): each a finite number in (0, 1), refused as
+    typed (``params.finite``)."""
+    parse = finite(0, 1, low_open=True)
     try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
+        return tuple(parse(x) for x in text.split(",") if x.strip())
+    except typer.BadParameter as exc:
         raise CdscopeError(
-            f"--eps takes comma-separated numbers like 0.05,0.01; got {text!r}"
+            f"--eps takes comma-separated numbers in (0, 1) like 0.05,0.01; {exc.message}"
         ) from None
 
 
@@ -152,14 +154,14 @@ def gradcheck(  # size: 9 parameters, each one command-line option (Typer reads 
     from cdscope.commands.gradcheck import run_gradcheck
     from cdscope.core.models.opening import ModelOptions
     from cdscope.core.probes import load_pool
-    from cdscope.io import check_writable
+    from cdscope.io import check_parquet_output
     from cdscope.output.render import gradcheck_table
 
     settings = dataclasses.replace(
         swept, seeds=tuple(range(first_seed, first_seed + seeds)), eps=_eps_list(eps)
     )
     options = ModelOptions.from_settings(model_settings)
-    target = check_writable(out)
+    target = check_parquet_output(out)
     pool = load_pool(probe)
     frame = run_gradcheck(
         model_spec=model, pool=pool, settings=settings, out=target, options=options,

@@ -63,11 +63,11 @@ def nsweep(  # size: 12 parameters, each one command-line option (Typer reads th
     from cdscope.commands.nsweep import run_nsweep
     from cdscope.commands.requests import ProbeRequest
     from cdscope.core.models.opening import ModelOptions
-    from cdscope.io import check_plot_path, check_writable
+    from cdscope.io import check_parquet_output, check_plot_path
     from cdscope.output.render import nsweep_table
 
     sweep = NsweepSettings.parse(seeds, ns)
-    target = check_writable(out)
+    target = check_parquet_output(out)
     if plot is not None:
         check_plot_path(plot)
     if from_path is not None and resume:

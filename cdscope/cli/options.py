@@ -54,7 +54,9 @@ def option(
     flags = (flags,) if isinstance(flags, str) else tuple(flags)
     bounds = dict(spec.metadata["bounds"])
     keywords: dict[str, Any] = {"help": spec.metadata["help"]}
-    if {"low", "high"} & set(bounds):
+    kind = typing.get_type_hints(cls)[name]
+    if {"low", "high"} & set(bounds) or float in (kind, *typing.get_args(kind)):
+        # every float option: finite, in its bounds if any, refused as typed (1e400 is not inf)
         keywords["parser"] = finite(
             bounds.pop("low", None),
             bounds.pop("high", None),

@@ -9,14 +9,16 @@ a usage message naming the option) instead of a traceback deep inside numpy or t
 - ``COUNT_MAX``: counts (``--seeds``, ``--n``) far above any real run and far below
   what overflows ``range`` or an allocation.
 - ``finite``: NaN and ±inf never pass (``--fail-above nan`` could never fire; a NaN
-  step or temperature silently poisons every number), and neither does a value
-  outside the option's range.
+  step or temperature silently poisons every number), nor does a number too small for a
+  float (``1e-400`` would be read as 0) or a value outside the option's range; every
+  refusal shows the value as typed (``1e400``, never the ``inf`` it overflows to).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 
 import typer
 
@@ -40,12 +42,22 @@ def finite(
             raise typer.BadParameter(f"{text!r} is not a number") from None
         if not math.isfinite(value):
             raise typer.BadParameter(f"{text} is not a finite number")
+        if value == 0 and _nonzero(text):
+            raise typer.BadParameter(f"{text} is too small for a float (it would be read as 0)")
         below = low is not None and (value < low or (low_open and value == low))
         if below or (high is not None and value > high):
             left = "(" if low_open else "["
             span = f"{left}{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
-            raise typer.BadParameter(f"{value:g} is outside {span}")
+            raise typer.BadParameter(f"{str(text).strip()} is outside {span}")
         return value
 
     parse.__name__ = "float"  # what --help shows as the value type
     return parse
+
+
+def _nonzero(text: str | float) -> bool:
+    """Whether ``text`` names a number other than zero (exactly, before rounding)."""
+    try:
+        return Decimal(str(text).strip()) != 0
+    except InvalidOperation:
+        return False

@@ -211,4 +211,18 @@ def check_probe_frame(frame: object, what: str = "the probe frame") -> pd.DataFr
             f"{what} is not a probe file/frame (missing column(s) {', '.join(missing)}); pass "
             "the frame cdscope.measure returns or the .probe.parquet of probe/bshared/acg/decompose"
         )
+    if len(frame):
+        require_families(sorted(set(frame["family"])), what)
     return frame
+
+
+def require_families(families: list[str], what: str) -> None:
+    """Every audit measure compares rows of C (SPEC §3): one line, said once, when
+    ``what`` (a probe pool, file or frame) holds fewer than two families."""
+    if len(families) < 2:
+        count = "one family" if families else "no family"
+        raise CdscopeError(
+            f"B_shared needs at least 2 families (M >= 2); {what} has {count}"
+            + (f" ({families[0]})" if families else "")
+            + ": measure a probe with at least 2 task families"
+        )

@@ -16,7 +16,7 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.commands.audit import AuditResult, AuditSpec, evaluate_audit, sibling
-from cdscope.commands.audit_inputs import read_probe_frame
+from cdscope.commands.audit_inputs import read_probe_frame, require_families
 from cdscope.commands.requests import ProbeRequest, ProbeRun
 from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
@@ -34,11 +34,7 @@ def obtain_probe_frame(
             raise CdscopeError("--from reads an existing probe file: do not also pass --model")
         return read_probe_frame(request.from_path, request.explicit or {})
     pool = load_pool(request.probe_paths)
-    if len(pool.families) < 2:
-        raise CdscopeError(
-            f"B_shared needs at least 2 task families (M >= 2); the probe has {len(pool.families)}: "
-            f"{', '.join(pool.families)}"
-        )
+    require_families(pool.families, "the probe")
     from cdscope.commands.probe import collect_control  # the model stack, only when measuring
 
     run = ProbeRun(

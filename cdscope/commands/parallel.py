@@ -111,17 +111,18 @@ def _resume_on_main(
     options: ModelOptions,
     console: Console,
     outputs: FileSet,
+    seeds: Sequence[int],
 ) -> ResumeState:
     """Rank 0 locks ``outputs`` and reads the finished pairs of ``out`` that this run may
-    reuse (``cdscope.output.resume.resume_state``); every rank receives them (or the
-    refusal)."""
+    reuse (``cdscope.output.resume.resume_state``: only its ``seeds``); every rank receives
+    them (or the refusal)."""
     state: object = ResumeState()
     if launch.is_main:
         try:
             outputs.lock()
             state = resume_state(
                 out, metadata, model_specs, options, resume, console, "seed",
-                bad_pairs=pair_problems,
+                bad_pairs=pair_problems, asked=seeds,
             )  # fmt: skip
         except CdscopeError as exc:
             state = str(exc)
@@ -177,7 +178,15 @@ def collect_control_parallel(
             run.command, run.pool, run.settings, run.options, world_size=launch.world_size
         )
         state = _resume_on_main(
-            run.out, metadata, run.resume, launch, run.names, run.options, console, outputs
+            run.out,
+            metadata,
+            run.resume,
+            launch,
+            run.names,
+            run.options,
+            console,
+            outputs,
+            run.settings.seeds,
         )
         work = [(m, s) for m in run.names for s in run.settings.seeds if (m, s) not in state.done]
         if 0 < len(work) < launch.world_size:

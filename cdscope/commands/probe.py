@@ -84,7 +84,7 @@ def _resume(run: ProbeRun, metadata: dict, console: Console, outputs: FileSet) -
     outputs.lock()  # before reading what another run may write
     state = resume_state(
         run.out, metadata, run.names, run.options, run.resume, console, "seed",
-        bad_pairs=pair_problems,
+        bad_pairs=pair_problems, asked=run.settings.seeds,
     )  # fmt: skip
     if state.frame is not None:
         metadata["models"] = state.models

@@ -16,7 +16,7 @@ import pandas as pd
 from cdscope.analysis.spectral import BARTLETT_K, RandomReference, random_reference
 from cdscope.errors import CdscopeError, in_python, option
 from cdscope.fileset import FileSet
-from cdscope.io import check_plot_path, check_writable, run_metadata
+from cdscope.io import check_parquet_output, check_plot_path, run_metadata
 from cdscope.settings import RandomRefSettings
 from cdscope.settings.names import SUBLAYER
 
@@ -125,7 +125,7 @@ def run_random_reference(
 ) -> tuple[RandomReferenceResult, Path]:
     """The ``random-ref`` workflow: output paths checked before sampling, the T samples
     written to ``out`` (statistics in its metadata), the histogram to ``plot``."""
-    target = check_writable(out)
+    target = check_parquet_output(out)
     if plot is not None:
         check_plot_path(plot)
     value = None if reference.value is None else reference.value / 100

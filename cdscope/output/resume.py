@@ -29,7 +29,7 @@ partial file when there is one, else from ``OUT``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -277,10 +277,15 @@ def resume_state(
     *,
     item_hashes: dict[str, str] | None = None,
     bad_pairs: BadPairs | None = None,
+    asked: Collection[object] | None = None,
 ) -> ResumeState:
     """The one ``--resume`` entry of every command: nothing when not resuming or there is
     no earlier output, else ``reusable_rows`` of the interrupted run's progress file
-    (``partial_path(out)``) if there is one, else of ``out``, keyed by (model, ``key``)."""
+    (``partial_path(out)``) if there is one, else of ``out``, keyed by (model, ``key``).
+
+    ``asked``: the ``key`` values this run measures (its seeds). Rows of this run's models
+    at other values are left out, as a run without ``--resume`` would have none, and the
+    note says so (``--seeds 1`` onto a 3-seed output keeps and reports seed 0 alone)."""
     mode = resume_mode(resume)
     partial = partial_path(out)
     source = partial if partial.is_file() else out
@@ -289,6 +294,17 @@ def resume_state(
     frame, models, old = reusable_rows(
         source, metadata, model_specs, options, mode, console, key, item_hashes, bad_pairs
     )
+    left_out = ""
+    if asked is not None:
+        extra = frame["model"].isin(list(model_specs)) & ~frame[key].isin(list(asked))
+        if extra.any():
+            values = sorted(set(frame.loc[extra, key]))
+            shown = ", ".join(map(str, values[:5])) + (", ..." if len(values) > 5 else "")
+            left_out = f"; its {key}(s) {shown} are not asked for and are left out of this output"
+            frame = frame[~extra]
     done = set(zip(frame["model"], frame[key], strict=True))
-    dim(console, f"--resume: keeping {len(done)} finished (model, {key}) pair(s) from {source}")
+    dim(
+        console,
+        f"--resume: keeping {len(done)} finished (model, {key}) pair(s) from {source}{left_out}",
+    )
     return ResumeState(frame, models, done, source, old)

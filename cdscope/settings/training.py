@@ -52,7 +52,7 @@ class TrainConfig:
     Fields made with ``setting`` are the ``cdscope train`` options, in this order.
     """
 
-    model: str = setting(EMBEDDED_NAME, "--model", "Model to train.")
+    model: str = setting(EMBEDDED_NAME, ("--model", "-m"), "Model to train.")
     revision: str | None = setting(
         None, "--revision", "Hub branch, tag or commit of --model (recorded in the log)."
     )

@@ -37,7 +37,9 @@ def test_every_setting_is_an_option_with_the_dataclass_default_and_help() -> Non
         assert parameters[field.name].default is None  # unset: preset or dataclass decides
         (option,) = hints[field.name].__metadata__
         # typer reads a leading "--flag" given positionally as the declaration
-        assert field.metadata["flag"] in (option.default, *option.param_decls)
+        flag = field.metadata["flag"]
+        flags = {flag} if isinstance(flag, str) else set(flag)
+        assert flags <= {option.default, *option.param_decls}, flags
         shown = (
             ""
             if field.default is None or field.default is False

@@ -107,7 +107,7 @@ ERROR_CASES = [
     ),
     (
         ["gradcheck", "--eps", "[red]", "-o", "{d}/o.parquet"],
-        "error: --eps takes comma-separated numbers like 0.05,0.01; got '[red]'",
+        "error: --eps takes comma-separated numbers in (0, 1) like 0.05,0.01; '[red]' is not a number",
     ),
     (
         ["eval", "--tasks", "{d}/t[link=x].jsonl", "-o", "{d}/eval"],

@@ -66,6 +66,17 @@ class LoadedModel:
 
         return architecture_of(self.model).num_layers
 
+    def __repr__(self) -> str:
+        """One line (``print(model)`` in a notebook), not the module tree of ``.model``."""
+        count = sum(p.numel() for p in self.model.parameters())
+        size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+        size = size if count >= 1e5 else f"{count:,}"
+        return (
+            f"LoadedModel(name={self.name!r}, {type(self.model).__name__}, {size} parameters, "
+            f"{str(self.dtype).removeprefix('torch.')} on {self.device}, "
+            f"revision={self.revision!r}, source={self.source!r})"
+        )
+
 
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)

@@ -11,6 +11,8 @@ stack.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +103,25 @@ def open_model(
     if name is not None:
         loaded.name = name
     return loaded
+
+
+@contextlib.contextmanager
+def library_bars_off() -> Iterator[None]:
+    """transformers' and the hub's progress bars ("Loading weights", downloads) off inside
+    the block and restored after it: the Python API loads as quietly as the CLI, which
+    turns them off for the whole process (``--verbose`` lets them through)."""
+    from huggingface_hub import utils as hub
+    from transformers.utils import logging as hf_logging
+
+    bars_on, hub_off = hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # the hub's bars too
+    try:
+        yield
+    finally:
+        if bars_on:
+            hf_logging.enable_progress_bar()  # the hub's bars too, so:
+        if hub_off:
+            hub.disable_progress_bars()
 
 
 def wrap(model: Any, tokenizer: Any, device: str = "auto", dtype: str = "auto") -> LoadedModel:

@@ -13,7 +13,10 @@ Rich reads ``[...]`` in plain strings as markup (``[bold]``, ``[/]``, ``[link=x]
   (rich's ``TextColumn`` does by default). On a terminal (or in Jupyter) it is rich's live
   bar; when the console is not a terminal (a log file, SLURM, nohup, CI) a live bar would
   be drawn once, at the end, so it prints one plain line per finished unit instead: what
-  finished, done/total, elapsed time and an estimate of the time left;
+  finished, done/total, elapsed time and an estimate of the time left; and one line as
+  each phase of a unit starts (``LineProgress.phase``: loading a model, proving its writes,
+  a training step's rollouts, rewards, backward, probe, regulariser, projection), so a log
+  never goes silent for the minutes a unit takes;
 * tables are :class:`VerbatimTable`, which turns string titles, headers and cells into
   ``Text``.
 
@@ -101,7 +104,10 @@ class LineProgress(Progress):
     commands set it to the unit in progress: model and seed, step, problem batch) and the
     values of ``extra_fields``. The time left assumes the units still to do take as long
     as those done since the task was added (resumed units, counted at ``add_task``, are
-    left out of the rate)."""
+    left out of the rate).
+
+    ``phase(task, text)`` names what starts now within a unit: the live bar shows it as
+    the description; a log gets a line ``text ... (0:01:12 elapsed)``."""
 
     def __init__(self, *columns: Any, extra_fields: tuple[str, ...] = (), **kwargs: Any) -> None:
         console = kwargs.get("console")
@@ -124,6 +130,13 @@ class LineProgress(Progress):
         before = self._task(task_id).completed
         super().advance(task_id, advance)
         self._line_if_advanced(task_id, before)
+
+    def phase(self, task_id: TaskID, description: str) -> None:
+        """``description`` starts now: the bar's description, and one line in a log."""
+        super().update(task_id, description=description)
+        if self.lines:
+            start = self.started.get(task_id, (time.monotonic(), 0.0))[0]
+            say(self.console, f"{description} ... ({clock(time.monotonic() - start)} elapsed)")
 
     def _task(self, task_id: TaskID) -> Task:
         return next(task for task in self.tasks if task.id == task_id)

@@ -122,3 +122,24 @@ def test_a_probe_run_piped_to_a_file_logs_a_line_per_seed(
     ]
     assert [line.split(": ")[1].split(" done")[0] for line in lines] == ["1/3", "2/3", "3/3"]
     assert lines[-1].endswith("finished") and "left" in lines[0]
+
+
+def test_a_phase_is_a_line_in_a_log_and_a_description_on_a_terminal(fake_clock: Clock) -> None:
+    """``phase``: what starts now within a unit (issue #40: no silent minutes in a log)."""
+    console = log_console()
+    with progress_bar(console) as progress:
+        task = progress.add_task("probing", total=1)
+        fake_clock.now += 75
+        progress.phase(task, "m: finding and proving its residual writes")
+        assert progress.tasks[0].description == "m: finding and proving its residual writes"
+    assert console.file.getvalue().splitlines() == [
+        "m: finding and proving its residual writes ... (0:01:15 elapsed)"
+    ]
+    terminal = make_console()
+    terminal.file = io.StringIO()
+    terminal._force_terminal = True
+    quiet = log_console(quiet=True)
+    for other in (terminal, quiet):
+        with progress_bar(other) as progress:
+            progress.phase(progress.add_task("probing", total=1), "loading m")
+        assert "loading m ..." not in other.file.getvalue()

@@ -151,6 +151,7 @@ def user_errors(func: F) -> F:
         if not main:
             out_console.quiet = err_console.quiet = True
         try:
+            check_inputs(kwargs)  # before the command imports torch: a typo costs no minute
             with contextlib.nullcontext() if main else contextlib.redirect_stdout(io.StringIO()):
                 return func(*args, **kwargs)
         except WorkerDone:  # a rank > 0 whose share is gathered: rank 0 writes and reports
@@ -173,6 +174,35 @@ def user_errors(func: F) -> F:
     )
 
     return wrapper  # type: ignore[return-value]
+
+
+#: options naming input files, by parameter name: what their readers call them when the
+#: file is missing (core.probes, tasks.format, io.read_parquet, commands.evaluate)
+INPUT_FILES = {
+    "probe": "probe file", "audit_probe": "probe file", "tasks": "task file",
+    "audit_train": "task file", "from_path": "file", "hard": "--hard file",
+}  # fmt: skip
+
+
+def check_inputs(values: dict[str, Any]) -> None:
+    """The cheap checks of a command's inputs, before its body imports the model stack
+    (torch and transformers take seconds to import, a misspelled path should not):
+    every ``--model`` / ``--baseline`` (``core.models.hub.check_model_spec``: paths,
+    directories, GGUF files, hub-id spelling) and every input file named in ``INPUT_FILES``
+    must exist. Only what the readers would refuse anyway is refused here; the readers
+    still check the contents."""
+    from cdscope.core.models.hub import check_model_spec
+
+    for key in ("model", "baseline"):
+        given = values.get(key)
+        for spec in [given] if isinstance(given, str | Path) else given or []:
+            check_model_spec(str(spec))
+    for key, what in INPUT_FILES.items():
+        given = values.get(key)
+        for path in [given] if isinstance(given, str | Path) else given or []:
+            text = str(path)  # a task source may end in ?MAPPING (tasks.readers.split_source)
+            if not (Path(text).exists() or Path(text.partition("?")[0]).exists()):
+                raise CdscopeError(f"{what} not found: {text}")
 
 
 def _quiet_libraries() -> None:

@@ -311,7 +311,7 @@ class _Sampler:
         record.update(generate_s=0.0, verify_s=0.0, wall_s=0.0)
         if not todo:
             return record
-        progress.update(bar, description=f"loading {spec}")
+        progress.phase(bar, f"loading {spec}")
         t_model = time.perf_counter()
         loaded = self.request.options.load(spec, self.console)
         models = [m for m in self.metadata["models"] if m["name"] != spec]

@@ -136,11 +136,13 @@ def _collect(
             todo = [s for s in seeds if (spec, s) not in done]
             if not todo:
                 continue
-            progress.update(task, description=f"loading {spec}")
+            if not isinstance(given, LoadedModel):
+                progress.phase(task, f"loading {spec}")
             loaded = given if isinstance(given, LoadedModel) else run.options.load(spec, console)
+            progress.phase(task, f"{spec}: finding and proving its residual writes")
             with gated(loaded, run.settings) as gm:
                 for seed in todo:
-                    progress.update(task, description=f"{spec} seed {seed}")
+                    progress.phase(task, f"{spec} seed {seed}")
                     result = measure_seed(loaded, gm, run.pool, seed, run.settings)
                     collected.add(spec, seed, result, model_record(loaded, result.gate_set))
                     if on_result is not None:

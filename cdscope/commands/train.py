@@ -32,7 +32,7 @@ from cdscope.distributed import (
 from cdscope.errors import CdscopeError
 from cdscope.io import check_writable, content_hash, read_parquet, run_metadata
 from cdscope.lock import OutputLock
-from cdscope.messages import make_console, warn
+from cdscope.messages import dim, make_console, warn
 from cdscope.settings.names import TRAIN_AUTO_DTYPE
 from cdscope.settings.training import TrainConfig
 from cdscope.tasks.format import Task, default_task_paths, load_tasks
@@ -111,6 +111,8 @@ def prepare(
         require_sandbox_for(tasks, "train on math and logic task files only (--tasks)")
     cfg.validate(num_probe_families=len(pool.families))
     check_writable(Path(cfg.out_dir) / LOG_NAME)
+    if model is None and console is not None:  # the first minute of a run, also in a log
+        dim(console, f"loading {cfg.model} ...")
     loaded = _policy(cfg, model, tokenizer, console)
     model, tokenizer = loaded.model, loaded.tokenizer
     model_info = model_record(loaded)

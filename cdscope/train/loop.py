@@ -146,10 +146,8 @@ def train_hf(
         )
         for step in range(start_step, end_step):
 
-            def status(phase: str, step: int = step) -> None:
-                progress.update(
-                    bar, description=f"train {cfg.regularizer} step {step + 1}: {phase}"
-                )
+            def status(phase: str, step: int = step) -> None:  # a line per phase in a log
+                progress.phase(bar, f"train {cfg.regularizer} step {step + 1}: {phase}")
 
             row = _one_step(inputs, cd, optimizer, scheduler, step, status, shards)
             log_rows.append(row)
@@ -231,6 +229,7 @@ def _one_step(
     if not torch.equal(rollouts.prompt_index, expected):  # groups must be consecutive rows
         raise RuntimeError("generation.sample returned rows that are not grouped by prompt")
     answered = [chosen[int(i)] for i in rollouts.prompt_index]
+    status("rewards")
     scores, reward_columns = score(inputs, answered, rollouts.texts)
     rollout_s = time.perf_counter() - began
 

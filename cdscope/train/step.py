@@ -144,6 +144,7 @@ class CDRFTStep:
         and carry the closing measurement over to the next step."""
         cfg, shards = self.cfg, shards_of(self.params)
         began = time.perf_counter()
+        status("probe after the update")
         after = measure_probe(self.gm, self.probe, self.rows)
         self.fields["measure_s"] += time.perf_counter() - began
         if self.regularised:

@@ -122,7 +122,7 @@ ERROR_CASES = [
         "error: --trl-arg takes KEY=VALUE (like use_vllm=true); got '[red]x'",
     ),
     (
-        ["train", "--tasks", "{d}/x[bold]y.jsonl", "--trl-arg", "[link=x]", "-o", "{d}/run"],
+        ["train", "--trl-arg", "[link=x]", "-o", "{d}/run"],
         "error: --trl-arg only applies with --backend trl",
     ),
     (

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import socket
 import threading
 from pathlib import Path
@@ -100,12 +101,60 @@ def is_path_like(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or (os.sep in spec and spec.count("/") != 1)
 
 
+#: a hub id as the hub accepts one: ``name`` or ``org/name``, letters, digits, ``-_.``,
+#: the name at most 96 characters, no ``--`` or ``..`` (huggingface_hub's validate_repo_id)
+HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]{0,95}")
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether ``spec`` is spelled as a hub id could be (not whether the hub has it)."""
+    return bool(HUB_ID.fullmatch(spec)) and "--" not in spec and ".." not in spec
+
+
+def check_model_spec(spec: str) -> None:
+    """Refuse, with the standard library alone (in well under a second, before torch or
+    transformers load), a ``--model`` that cannot name a model: a path that does not exist
+    (``./x``, ``a/b/c``, ``x.gguf``, or ``org/name`` whose ``org`` is a local folder holding
+    a model of a near name), a directory without ``config.json``, a file that is not a
+    ``.gguf``, a name no hub id can have, or a hub id the hub cache does not hold while
+    the hub cannot be asked (offline mode, or the endpoint does not answer: the probe the
+    load makes anyway, once per process). Each with the nearest local model ("did you
+    mean"). A well-formed hub id on a reachable hub is left to the load: whether the hub
+    has it costs a request to the hub."""
+    if spec == EMBEDDED_NAME:
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CdscopeError(
+                f"{path} is a directory but has no config.json: not a model directory"
+                f"{models_inside(spec)}"
+            )
+        return
+    if path.exists() and path.suffix != ".gguf":
+        raise CdscopeError(
+            f"{spec} is a file but not a .gguf file: pass a model directory (with config.json), "
+            f"a .gguf file, a hub id or {EMBEDDED_NAME}"
+        )
+    if path.exists():
+        return
+    if path.suffix == ".gguf":
+        raise CdscopeError(f"GGUF file not found: {path}{did_you_mean(spec)}")
+    near = did_you_mean(spec)
+    if is_path_like(spec) or (near and spec.count("/") == 1 and path.parent.is_dir()):
+        raise CdscopeError(f"model path not found: {spec}{near}")
+    if not is_hub_id(spec):
+        raise CdscopeError(
+            f"model {spec!r} is neither a local path nor a hub id (name or org/name of "
+            f"letters, digits, '-', '_', '.'){near}"
+        )
+    if unreachable_reason() is not None and not _in_cache(spec):
+        raise hub_failure(spec, FileNotFoundError(spec))
+
+
 def hub_access(spec: str) -> dict:
-    """Extra ``from_pretrained`` arguments for hub id ``spec``: ``local_files_only`` when
-    the hub cannot be asked. A spec written as a path that does not exist is refused here,
-    with the nearest local model name when there is one."""
-    if is_path_like(spec):
-        raise CdscopeError(f"model path not found: {spec}{did_you_mean(spec)}")
+    """Extra ``from_pretrained`` arguments for hub id ``spec`` (``check_model_spec`` has
+    passed it): ``local_files_only`` when the hub cannot be asked."""
     return {"local_files_only": True} if unreachable_reason() else {}
 
 
@@ -155,13 +204,27 @@ def did_you_mean(spec: str) -> str:
     return f"; did you mean {candidates[close[0]]!r}{embedded}?"
 
 
+def local_folder(spec: str) -> str:
+    """``"; runs/ is a local folder; it holds 'runs/base'"`` for an ``org/name`` spec whose
+    ``org`` is a folder here (a path typed without ``./``), else ``""``."""
+    parent = Path(spec).expanduser().parent
+    if spec.count("/") != 1 or not parent.is_dir():
+        return ""
+    inside = models_inside(str(parent)) or "; it holds no model"
+    return f"; {parent}/ is a local folder{inside}"
+
+
 def hub_failure(spec: str, exc: BaseException) -> CdscopeError:
     """The one line for a hub id that did not load: why (cache only, offline or no
     network; or the hub's own first line), and the nearest name."""
     reason = unreachable_reason()
-    hint = did_you_mean(spec) or (
-        f" (pass a local directory, a .gguf file, a {'cached' if reason else 'reachable'} hub "
-        f"id, or {EMBEDDED_NAME})"
+    hint = (
+        did_you_mean(spec)
+        or local_folder(spec)
+        or (
+            f" (pass a local directory, a .gguf file, a {'cached' if reason else 'reachable'} hub "
+            f"id, or {EMBEDDED_NAME})"
+        )
     )
     if reason is not None and not _in_cache(spec):
         return CdscopeError(

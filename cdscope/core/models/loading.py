@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cdscope.core.models.hub import cached_commit, hub_access, hub_failure, models_inside
+from cdscope.core.models.hub import cached_commit, check_model_spec, hub_access, hub_failure
 from cdscope.core.models.placement import Placement, execution_device
 from cdscope.embedded import embedded_cache_dir, embedded_gguf_path
 from cdscope.errors import CdscopeError, missing_extra, option
@@ -332,22 +332,16 @@ def model_source(
     the commit hash its config resolves to.
     """
     path = Path(spec).expanduser()
+    check_model_spec(spec)  # a missing path, a folder without config.json, ...: refused here
     try:
         if spec == EMBEDDED_NAME:
             directory, revision = embedded_model_dir(console)
             return str(directory), revision
         if path.suffix == ".gguf":
-            if not path.is_file():
-                raise CdscopeError(f"GGUF file not found: {path}")
             return str(path.resolve()), "gguf-sha256:" + _sha256_file(path)[:16]
         if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise CdscopeError(
-                    f"{path} is a directory but has no config.json: not a model directory"
-                    f"{models_inside(spec)}"
-                )
             return str(path.resolve()), _weights_hash(path)
-        hub: dict = hub_access(spec)  # refuses a missing path; cache only when offline
+        hub: dict = hub_access(spec)  # cache only when offline
         from transformers import AutoConfig
 
         if trust_remote_code:
@@ -438,6 +432,7 @@ def load_model(
     if attn != "auto":
         kwargs["attn_implementation"] = attn
 
+    check_model_spec(spec)
     path = Path(spec).expanduser()
     is_hub = not (spec == EMBEDDED_NAME or path.suffix == ".gguf" or path.is_dir())
     if revision is not None and not is_hub:

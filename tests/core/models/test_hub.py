@@ -52,6 +52,7 @@ def test_revision_and_remote_code_reach_from_pretrained(monkeypatch) -> None:
     calls: list[tuple[str, dict]] = []
     model = tiny_model("llama")
     model.config._commit_hash = "0123abcd" * 5
+    monkeypatch.setattr(hub, "unreachable_reason", lambda: None)  # a hub that answers
 
     def fake_model(spec, **kwargs):  # noqa: ANN001, ANN202
         calls.append(("model", kwargs))
@@ -161,7 +162,7 @@ def test_a_typo_of_the_embedded_name_fails_at_once_with_did_you_mean(
     with pytest.raises(CdscopeError) as caught:
         load_model("smollm2-135", "cpu")
     message = str(caught.value)
-    assert seen and seen[0]["local_files_only"] is True
+    assert seen == []  # refused before transformers is asked (hub.check_model_spec)
     assert set(no_network) == {("huggingface.co", 443)}
     assert message == (
         "cannot load model 'smollm2-135': no local directory or .gguf file of that name, and "
@@ -250,7 +251,7 @@ def test_offline_variables_are_read_when_loading(monkeypatch) -> None:
     assert hub.unreachable_reason() == "offline mode is on (HF_HUB_OFFLINE)"
     assert hub.hub_access("org/model") == {"local_files_only": True}
     with pytest.raises(CdscopeError, match="model path not found: ./missing"):
-        hub.hub_access("./missing")
+        hub.check_model_spec("./missing")
 
 
 def test_the_cli_says_one_line_and_no_hub_noise_for_a_typo(no_network, pool_file, tmp_path) -> None:

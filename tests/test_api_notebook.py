@@ -89,7 +89,10 @@ def test_plot_returns_a_figure_without_pyplot_or_style_leaks(frame, tmp_path) ->
     assert {key: matplotlib.rcParams[key] for key in before} == before
     assert fig._repr_png_().startswith(b"\x89PNG")
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert labels == ["B_shared(C)", "B_shared(C)\ncorrected"]  # the corrected one beside
+    assert labels == [  # the corrected one beside, each saying which is the paper's
+        "B_shared(C)\nplain: the paper's",
+        "B_shared(C)\ncorrected\nnot comparable\nwith plain",
+    ]
     assert not (tmp_path / "x.png").exists()
 
 

@@ -57,7 +57,7 @@ from cdscope.output.frames import (
     sample_sets,
 )
 from cdscope.output.notebook import audit_html, audit_repr
-from cdscope.output.render import measure_name
+from cdscope.output.render import measure_name, short_model_name
 from cdscope.settings import AuditSettings
 
 
@@ -203,7 +203,9 @@ def exceeding(summary: pd.DataFrame, fail_above: float, measure: str = "B_shared
     ``fail_above`` percent, as 'model 87.3%' (the verdict of ``--fail-above``; empty: passed)."""
     means = summary[summary["measure"] == measure]
     return [
-        f"{r.model} {100 * r.mean:.1f}%" for r in means.itertuples() if 100 * r.mean > fail_above
+        f"{short_model_name(str(r.model))} {100 * r.mean:.1f}%"
+        for r in means.itertuples()
+        if 100 * r.mean > fail_above
     ]
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,15 +100,55 @@ def short_label(name: str, width: int = 22) -> str:
     return name.replace("$", r"\$")
 
 
+#: what the bars of a plain measure and its noise-corrected twin say, when both are drawn:
+#: which one is the paper's (and the random reference's) quantity
+TWIN_NOTES = {
+    "B_shared_C": "plain: the paper's",
+    "B_shared_C_unbiased": "not comparable\nwith plain",
+}
+#: the measure the random-reference band is drawn under (SPEC §4: B_shared of Gaussian rows)
+RANDOM_MEASURE = "B_shared_C"
+
+
+@dataclass(frozen=True)
+class BarMarks:
+    """What is drawn over the bars besides the measurements: per model the random
+    reference of its M x K (``bands``: model -> (mean, p95, 'M x K'), fractions) under the
+    plain B_shared(C) bars, and the ``--fail-above`` threshold (percent) over the
+    ``gated`` measure's bars."""
+
+    bands: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    fail_above: float | None = None
+    gated: str = RANDOM_MEASURE
+
+
+def _marks(ax: Axes, x: float, width: float, model: str, measure: str, marks: BarMarks) -> None:
+    """The random-reference band and the --fail-above line at one bar (labelled once)."""
+    if measure == RANDOM_MEASURE and model in marks.bands:
+        mean, p95, shape = marks.bands[model]
+        labels = ax.get_legend_handles_labels()[1]
+        label = f"random {shape} matrix: mean–p95"
+        ax.fill_between([x - width / 2, x + width / 2], 100 * mean, 100 * p95, facecolor="#d0d0d0",
+                        alpha=0.85, hatch="///", edgecolor="#404040", lw=0, zorder=2.5,
+                        label=None if label in labels else label)  # fmt: skip
+    if measure == marks.gated and marks.fail_above is not None:
+        labels = ax.get_legend_handles_labels()[1]
+        label = f"--fail-above {marks.fail_above:g}%"
+        ax.hlines(marks.fail_above, x - width / 2, x + width / 2, color="#a50021", ls="--",
+                  lw=1.6, zorder=4, label=None if label in labels else label)  # fmt: skip
+
+
 def _bars(
     ax: Axes,
     per_seed: pd.DataFrame,
     summary: pd.DataFrame,
     measures: list[str],
     models: list[str],
+    marks: BarMarks = BarMarks(),  # noqa: B008 - frozen, never mutated
 ) -> None:
-    """Grouped bars: one group per measure, one bar per model, per-seed points on top; the
-    legend (models) outside the axes, where no bar or point can lie under it."""
+    """Grouped bars: one group per measure, one bar per model, per-seed points on top,
+    ``marks`` over them; the legend (models, marks) outside the axes, where no bar or
+    point can lie under it."""
     width = 0.8 / len(models)
     rng = np.random.default_rng(0)
     for i, model in enumerate(models):
@@ -116,6 +157,7 @@ def _bars(
             if row.empty:
                 continue
             x = j + (i - (len(models) - 1) / 2) * width
+            _marks(ax, x, width * 0.9, model, measure, marks)
             mean, se = 100 * float(row["mean"].iloc[0]), 100 * float(row["se"].iloc[0])
             ax.bar(
                 x,
@@ -142,7 +184,10 @@ def _bars(
                 linewidth=0.5,
                 zorder=3,
             )
-    ax.set_xticks(range(len(measures)), [LABELS.get(m, m) for m in measures])
+    twins = set(TWIN_NOTES) <= set(measures)  # plain beside corrected: say which is which
+    ticks = [LABELS.get(m, m) + (f"\n{TWIN_NOTES[m]}" if twins and m in TWIN_NOTES else "")
+             for m in measures]  # fmt: skip
+    ax.set_xticks(range(len(measures)), ticks, fontsize=9 if twins else None)
     several = per_seed.groupby("model")["seed"].nunique().max() > 1
     ax.set_ylabel(
         "percent (mean ± SE over seeds, dots = seeds)" if several else "percent (one seed)"
@@ -186,9 +231,11 @@ def audit_figure(
     paired: pd.DataFrame,
     measures: list[str],
     ax: Axes | None = None,
+    marks: BarMarks = BarMarks(),  # noqa: B008 - frozen, never mutated
 ) -> Figure:
-    """Bars of ``measures`` per model and, with several models, the forest of paired
-    deltas beside them (``ax``: the bars only, on the caller's Axes)."""
+    """Bars of ``measures`` per model with ``marks`` (random-reference band, --fail-above
+    line) and, with several models, the forest of paired deltas beside them (``ax``: the
+    bars only, on the caller's Axes)."""
     models = list(dict.fromkeys(per_seed["model"]))
     measures = [m for m in measures if (summary["measure"] == m).any()]
     several = len(models) > 1 and not paired.empty and ax is None
@@ -198,7 +245,7 @@ def audit_figure(
             **({"width_ratios": [1.1, 1]} if several else {}),
         )  # fmt: skip
         ax = axes[0, 0]
-    _bars(ax, per_seed, summary, measures, models)
+    _bars(ax, per_seed, summary, measures, models, marks)
     ax.set_title(f"{title} — {_seeds_title(summary)}")
     if several:
         _forest(axes[0, 1], paired, measures)

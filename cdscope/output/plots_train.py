@@ -15,6 +15,17 @@ from matplotlib.ticker import MaxNLocator
 from cdscope.output.plots import PALETTE, new_axes, styled
 
 
+def no_projection(log: pd.DataFrame, regularizer: str, tau: float | None) -> str | None:
+    """Why the projection panel is empty, or None when some step projected (SPEC §5: the
+    projection runs in the CD-RFT arm only, while B_shared after the update is above tau)."""
+    if regularizer != "cdrft":
+        return f"no projection: --regularizer {regularizer}\n(GRPO alone) never projects"
+    if len(log) and (log["proj_iters"] > 0).any():
+        return None
+    above = f" above tau = {tau:g}%" if tau is not None else " above tau"
+    return f"no projection ran: B_shared(C) after\neach update was never{above}"
+
+
 @styled
 def train_figure(log: pd.DataFrame, regularizer: str = "cdrft", tau: float | None = None) -> Figure:
     """The four panels of the module doc; ``tau`` in percent (cdrft runs)."""
@@ -42,6 +53,10 @@ def train_figure(log: pd.DataFrame, regularizer: str = "cdrft", tau: float | Non
     proj.bar(step, log["proj_iters"], color=PALETTE[3], alpha=0.7)
     proj.set(title="projection iterations", ylabel="iterations")
     proj.yaxis.set_major_locator(MaxNLocator(integer=True))
+    idle = no_projection(log, regularizer, tau)
+    if idle:  # an empty panel would read as a plotting failure: say why it is empty
+        proj.text(0.5, 0.5, idle, transform=proj.transAxes, ha="center", va="center",
+                  fontsize=9, color="#404040", wrap=True)  # fmt: skip
     for ax in axes.ravel():
         ax.set_xlabel("optimizer step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

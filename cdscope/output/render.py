@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import pandas as pd
 from rich.table import Table
@@ -33,12 +33,14 @@ def _pct(value: float) -> str:
 
 
 def short_model_name(name: str) -> str:
-    """Paths shown by their last two components (``runs/cdrft/final`` -> ``cdrft/final``,
-    so training runs' ``final`` folders stay apart); hub ids and the embedded name as
-    they are."""
-    if "/" in name and Path(name).exists():
-        return "/".join(Path(name).resolve().parts[-2:])
-    return name
+    """The one name a model goes by in every table, verdict, error about its numbers and
+    figure legend: a path of three or more components by its last two
+    (``/data/runs/cdrft/final`` -> ``cdrft/final``, so training runs' ``final`` folders stay
+    apart), anything shorter -- a hub id ``org/name``, ``runs/base``, the embedded name --
+    as given (normalised: ``./runs/base/`` -> ``runs/base``). Read from the text alone, so a
+    report made elsewhere, or after the folder moved, names the model as the run did."""
+    parts = [part for part in os.path.normpath(name).split(os.sep) if part]
+    return "/".join(parts[-2:]) if parts else name
 
 
 def seed_summary_table(frame: pd.DataFrame) -> Table:

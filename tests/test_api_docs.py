@@ -35,6 +35,12 @@ def check_outputs(namespace: dict, printed: str, directory: Path, name: str) -> 
     assert f"B_shared(C) of {name}: " in printed
     assert "B_shared(C) of by-hand: " in printed
     assert "refused: probe[0]: missing key(s) target" in printed
+    assert "refused: seeds is a count (seeds=3 measures probe seeds 0, 1, 2)" in printed
+    passk = namespace["passk"].query("subset == 'all' and k == 1").set_index("level")
+    assert set(passk.loc["benchmark", "benchmark"]) == {"math/gsm8k", "math/math"}
+    assert passk.loc["domain", "pass_at_k"] == pytest.approx(  # the mean of its benchmarks
+        passk.loc["benchmark", "pass_at_k"].mean()
+    )
     for figure in ("bshared.png", "decompose.png", "random_ref.png"):
         assert (directory / figure).stat().st_size > 0
     paired = namespace["paired"]

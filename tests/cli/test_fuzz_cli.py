@@ -33,7 +33,9 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-MISSING_MODEL = "/nonexistent/cdscope-fuzz-model"
+#: a model that passes the early checks (a folder with config.json: cli.common.check_inputs)
+#: and fails only when loaded, so every option is validated before that one-line failure
+UNLOADABLE = "unloadable-model"
 
 #: numbers as a user might type them: huge, negative, fractional, NaN/inf, not numbers
 NUMBER = st.one_of(
@@ -117,13 +119,16 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "probe_hash": "sha256:x",
         },  # fmt: skip
     )
-    return {"pool": pool, "tasks": tasks, "probe": probe}
+    model = root / UNLOADABLE
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # no model_type: transformers refuses it at load
+    return {"pool": pool, "tasks": tasks, "probe": probe, "model": model}
 
 
 def _commands(files: dict[str, Path]) -> dict[str, tuple[list[str], list[str]]]:
     """command -> (base arguments that fail fast after validation, numeric options)."""
     pool, tasks, probe = (str(files[k]) for k in ("pool", "tasks", "probe"))
-    model = ["-m", MISSING_MODEL]
+    model = ["-m", str(files["model"])]
     return {
         "probe": (["probe", *model, "-p", pool], ["--seeds", "--n", "--fd-step", "--fd-order",
                                                   "--batch-size"]),
@@ -140,7 +145,7 @@ def _commands(files: dict[str, Path]) -> dict[str, tuple[list[str], list[str]]]:
                                                       "--seed", "--limit", "--batch-size",
                                                       "--timeout", "--workers",
                                                       "--max-new-tokens", "--k"]),
-        "train": (["train", "--model", MISSING_MODEL, "--tasks", tasks, "--probe", pool],
+        "train": (["train", "--model", str(files["model"]), "--tasks", tasks, "--probe", pool],
                   ["--steps", "--prompts-per-step", "--group-size", "--max-new-tokens",
                    "--temperature", "--lr", "--beta", "--lambda", "--tau", "--k-max",
                    "--eta-proj", "--eps", "--probe-n", "--seed", "--save-every",
@@ -218,7 +223,7 @@ def test_corrupted_probe_and_task_files(files, tmp_path, data) -> None:
     bad = out / "bad.jsonl"
     bad.write_text(_mutate_text(data, files[which].read_text()), encoding="utf-8")
     if which == "pool":
-        args = ["bshared", "-m", MISSING_MODEL, "-p", str(bad), "-o", str(out / "b.parquet")]
+        args = ["bshared", "-m", str(files["model"]), "-p", str(bad), "-o", str(out / "b.parquet")]
         outputs = [out / "b.parquet", out / "b.summary.parquet", out / "b.probe.parquet"]
     else:
         args = ["eval", "--audit", "--tasks", str(bad), "--audit-train", str(files["tasks"]),
@@ -351,8 +356,8 @@ def test_from_refuses_every_model_option(files, tmp_path, data) -> None:
 )
 def test_absurd_option_values_are_refused(files, tmp_path, args, message) -> None:
     args = [str(files["probe"]) if a == "PROBE" else a for a in args]
-    if args[0] == "eval":  # refused before any model loads (a missing one is refused first)
-        args += ["--tasks", str(files["tasks"])]
+    if args[0] == "eval":
+        args += ["--tasks", str(files["tasks"]), "-m", str(files["model"])]
     result = runner.invoke(app, [*args, "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and message in result.output, result.output
     assert result.output.strip().count("\n") == 0

@@ -160,12 +160,12 @@ def test_bad_sharding_settings(files, tmp_path, changes, message) -> None:
         cfg.validate()
 
 
-def test_sharding_without_a_launcher_is_one_line(files, tmp_path, monkeypatch) -> None:
+def test_sharding_without_a_launcher_is_one_line(files, tmp_path, monkeypatch, tiny_model_dir):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    result = invoke(
+    result = invoke(  # a real model, refused before it loads (a missing one is refused first)
         "train", "--sharding", "fsdp", "--tasks", files["tasks"], "--probe", files["pool"],
-        "--model", tmp_path / "no-model", "-o", tmp_path / "run",
+        "--model", tiny_model_dir, "-o", tmp_path / "run",
     )  # fmt: skip
     assert result.exit_code == 2
     assert "torchrun --nproc_per_node" in result.output

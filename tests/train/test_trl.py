@@ -243,12 +243,14 @@ def test_a_diverging_step_stops_the_trl_run_naming_its_last_checkpoint(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
-def test_vllm_rollouts_without_cuda_are_one_line_before_the_model_loads(tmp_path: Path) -> None:
+def test_vllm_rollouts_without_cuda_are_one_line_before_the_model_loads(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     from tests.helpers import invoke
 
-    result = invoke(
+    result = invoke(  # a real model, refused before it loads (a missing one is refused first)
         "train", "--backend", "trl", "--trl-arg", "use_vllm=true", "--trl-arg",
-        "vllm_mode=colocate", "--model", tmp_path / "no-model", "-o", tmp_path / "run",
+        "vllm_mode=colocate", "--model", tiny_model_dir, "-o", tmp_path / "run",
     )  # fmt: skip
     assert result.exit_code == 2
     assert "vLLM rollouts need CUDA GPUs" in result.output

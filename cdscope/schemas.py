@@ -54,6 +54,7 @@ COLUMNS: dict[str, pa.DataType] = {
     # gradcheck
     "estimator": STRING, "eps": FLOAT, "is_default": BOOL, "cosine": FLOAT,
     "rel_error": FLOAT, "seconds": FLOAT, "exact_seconds": FLOAT, "R": FLOAT,
+    "routing_decisions": INT, "routing_switched": INT, "routing_unheld": INT,  # MoE only
     # eval: samples, passk, contamination (--audit)
     "benchmark": STRING, "domain": STRING, "problem_id": STRING, "sample": INT,
     "completion": STRING, "passed": BOOL, "message": STRING, "generated_tokens": INT,

@@ -268,10 +268,18 @@ def random_ref_table(stats: dict) -> Table:
 def gradcheck_table(frame: pd.DataFrame) -> Table:
     """Per (estimator, eps): cosine and relative error vs exact, per seed and worst case."""
     seeds = sorted(frame["seed"].unique())
+    caption = "* = default estimator; time = median seconds per gradient"
+    if "routing_decisions" in frame and frame["routing_decisions"].notna().any():
+        held = frame[["routing_decisions", "routing_switched", "routing_unheld"]].sum()
+        caption += (
+            f"; MoE: the perturbed forwards held each token's nominal experts, "
+            f"{int(held['routing_switched'])} of {int(held['routing_decisions'])} decisions "
+            f"would have switched ({int(held['routing_unheld'])} not held)"
+        )
     table = VerbatimTable(
         title="Regulariser gradient vs exact (cosine | relative L2 error)",
         title_justify="left",
-        caption="* = default estimator; time = median seconds per gradient",
+        caption=caption,
         caption_justify="left",
     )
     table.add_column("estimator", no_wrap=True)

@@ -16,8 +16,10 @@ SPEC §4):
 3. **Score.** Edge scores with Loss = mean NLL of the answer tokens (``cdscope.core.eap``),
    then per sample: intensity = mean |s_e|, information complexity = H(|s|/sum|s|) /
    log E, kurtosis = Pearson kurtosis of |s_e|.
-4. **Summarise.** Mean over samples with a percentile-bootstrap interval (B = 2000,
-   seeded with s); with a baseline the paired bootstrap of model - baseline.
+4. **Summarise.** Mean over samples with its bootstrap interval (B = 2000, seeded with s;
+   ``boot_low`` / ``boot_high``: at the default n = 5 samples its coverage is unknown, so
+   it is not stored as a confidence interval, docs/decisions.md); with a baseline the
+   paired bootstrap of model - baseline.
 """
 
 from __future__ import annotations
@@ -236,8 +238,8 @@ def summarise(
                     "model": name,
                     "statistic": key,
                     "mean": ci.estimate,
-                    "ci_low": ci.ci_low,
-                    "ci_high": ci.ci_high,
+                    "boot_low": ci.ci_low,
+                    "boot_high": ci.ci_high,
                     "n": len(part),
                     "B": B,
                 }
@@ -253,8 +255,8 @@ def summarise(
                     "baseline": names[1],
                     "statistic": key,
                     "mean_diff": ci.estimate,
-                    "ci_low": ci.ci_low,
-                    "ci_high": ci.ci_high,
+                    "boot_low": ci.ci_low,
+                    "boot_high": ci.ci_high,
                     "n": len(a),
                     "B": B,
                 }

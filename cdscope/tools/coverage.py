@@ -90,7 +90,6 @@ def fd_error(gm, batch, fast: np.ndarray, gates: list[int]) -> float:  # noqa: A
     """Relative error of ``fast`` (autograd dl_m/dg on ``gates``, ``[M, len(gates)]``)
     against the best of the ``FD_STEPS`` central differences; call it float64 throughout."""
     from cdscope.core.control import control_finite_difference
-
     from cdscope.errors import CdscopeError
 
     errors, refusal = [], None

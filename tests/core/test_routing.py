@@ -236,3 +236,16 @@ def test_fd_order_reaches_the_estimator(tmp_path) -> None:
         second = control_finite_difference(gates.gm, batch, settings.fd_step, order=2)
     np.testing.assert_array_equal(measured.dl_dg, direct.dl_dg)
     assert not np.array_equal(measured.dl_dg, second.dl_dg)
+
+
+def test_a_measurement_handed_over_records_the_routing_itself(pool_path, tmp_path) -> None:
+    """Training hands its probe measurement over (no first pass): the estimator then runs
+    one forward of its own to record the routing, and takes the same gradient."""
+    loaded = _saved("jamba", CROSSING["jamba"], tmp_path)
+    batch = _batch(loaded, pool_path)
+    with GatedModel(loaded.model) as gm:
+        alone = regularizer_grad(gm, batch, "folded", DEFAULT_EPS)
+        nominal = control_autograd(gm, batch)  # no routing recorded in it
+        handed = regularizer_grad(gm, batch, "folded", DEFAULT_EPS, nominal=nominal)
+    assert handed.routing == alone.routing and alone.routing.switched > 0
+    torch.testing.assert_close(handed.flat(), alone.flat(), rtol=1e-9, atol=1e-12)

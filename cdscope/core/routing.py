@@ -110,14 +110,18 @@ class _Block:
 
     # -- storage by batch row ------------------------------------------------------------
     def _per_row(self, values: torch.Tensor, now: _Forward) -> torch.Tensor:
-        tokens = values.shape[0]
-        if tokens != len(now.rows) * now.width:
-            raise CdscopeError(
-                f"cannot hold the expert routing of {self.name} ({type(self.module).__name__}): "
-                f"it routes {tokens} tokens in a forward of {len(now.rows)} x {now.width}; "
-                "use --estimator autograd"
-            )
-        return values.reshape(len(now.rows), now.width, *values.shape[1:])
+        """``values`` with the token axes as ``[rows, width, ...]``: flat ``[rows * width,
+        ...]`` (most routers) or already ``[rows, width, ...]`` (Zaya's)."""
+        rows, width = len(now.rows), now.width
+        if values.shape[0] == rows * width:
+            return values.reshape(rows, width, *values.shape[1:])
+        if values.dim() >= 2 and tuple(values.shape[:2]) == (rows, width):
+            return values
+        raise CdscopeError(
+            f"cannot hold the expert routing of {self.name} ({type(self.module).__name__}): "
+            f"it routes tensors of shape {tuple(values.shape)} in a forward of {rows} x "
+            f"{width} tokens; use --estimator autograd"
+        )
 
     def _store(self, store: torch.Tensor | None, values: torch.Tensor, now: _Forward):  # noqa: ANN202
         shaped = self._per_row(values, now)
@@ -127,8 +131,8 @@ class _Block:
         return store
 
     def _held(self, store: torch.Tensor, now: _Forward) -> torch.Tensor:
-        held = store[now.rows.to(store.device), : now.width]
-        return held.reshape(len(now.rows) * now.width, *held.shape[2:])
+        """The recorded values of this forward's rows, ``[rows, width, ...]``."""
+        return store[now.rows.to(store.device), : now.width]
 
     # -- the hooks -----------------------------------------------------------------------
     def topk(self, now: _Forward, func, args: tuple, kwargs: dict):  # noqa: ANN001, ANN201
@@ -144,9 +148,9 @@ class _Block:
                 "forward than in the nominal one; use --estimator autograd"
             )
         held = self._held(self.recorded[call], now).to(natural.indices.device)
-        self._per_row(natural.indices, now)  # the token layout is checked before gathering
-        differs = _differs(natural.indices, held)
+        differs = _differs(self._per_row(natural.indices, now), held)
         self.switched = self.switched | differs if self.switched is not None else differs
+        held = held.reshape(natural.indices.shape)  # the layout the call returned
         source = args[0] if args else kwargs["input"]
         dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
         return torch.return_types.topk((source.gather(dim, held), held))
@@ -159,13 +163,15 @@ class _Block:
             self.routed = self._store(self.routed, index, now)
             return None
         held = self._held(self.routed, now).to(index.device)
-        return _differs(index, held)
+        return _differs(self._per_row(index, now), held)
 
 
 def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[N]``: whether token n chose other indices in ``a`` than in ``b`` (``[N, ...]``), as
-    sets per row of the last axis, whatever order the kernel returned them in."""
-    a, b = (x.sort(dim=-1).values.reshape(x.shape[0], -1) for x in (a, b))
+    """``[rows * width]``: whether a token chose other indices in ``a`` than in ``b`` (both
+    ``[rows, width, ...]``), as sets along the last axis, whatever order the kernel
+    returned them in."""
+    tokens = a.shape[0] * a.shape[1]
+    a, b = (x.sort(dim=-1).values.reshape(tokens, -1) for x in (a, b))
     return (a != b).any(dim=-1)
 
 

@@ -249,3 +249,15 @@ def test_a_measurement_handed_over_records_the_routing_itself(pool_path, tmp_pat
         handed = regularizer_grad(gm, batch, "folded", DEFAULT_EPS, nominal=nominal)
     assert handed.routing == alone.routing and alone.routing.switched > 0
     torch.testing.assert_close(handed.flat(), alone.flat(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_router_routing_rows_by_positions_is_held() -> None:
+    """Zaya's router takes top-k over ``[rows, width, experts]`` (no flattened token axis):
+    held all the same (refused as 'routes 4 tokens in a forward of 4 x 10' before)."""
+    model = tiny.tiny_model("zaya")
+    batch = tiny.random_batch()
+    with GatedModel(model) as gm:
+        fast = control_autograd(gm, batch)
+        slow = control_finite_difference(gm, batch, DEFAULT_STEP)
+    assert np.linalg.norm(slow.C - fast.C) / np.linalg.norm(fast.C) < 1e-3
+    assert slow.routing.switched > 0 and slow.routing.unheld == 0

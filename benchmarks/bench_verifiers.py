@@ -1,6 +1,6 @@
 """The verifier corpus on every shipped task: false negatives, false positives, verdicts/s.
 
-For each shipped train+eval task, ``cdscope.tasks.corpus.cases`` writes the reference in
+For each shipped train+eval task, ``cdscope.tasks.judging.cases`` writes the reference in
 at least ten formats (must pass) and wrong, hedged, copy-the-prompt and answer-less
 completions (must fail); code tasks use HumanEval's canonical solution
 (``tests/data/humaneval_canonical.json``) in eleven formats, among them a chat-style
@@ -22,9 +22,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from cdscope.tasks import load_tasks, verify_many
-from cdscope.tasks.corpus import Case, cases
-from cdscope.tasks.format import default_task_paths
+from cdscope.tasks import default_task_paths, load_tasks, verify_many
+from cdscope.tasks.judging import Case, cases
 
 ROOT = Path(__file__).resolve().parents[1]
 CANONICAL = ROOT / "tests" / "data" / "humaneval_canonical.json"

@@ -69,7 +69,7 @@ def train_command(  # size: 9 parameters, each one command-line option (Typer re
     (--resume continues exactly); the final model is a Hugging Face folder OUT/final.
     """
     from cdscope.commands.train import run_train
-    from cdscope.tasks.readers import with_mapping
+    from cdscope.tasks.io import with_mapping
 
     explicit = dict(explicit or {})  # the TrainConfig options given
     explicit.update(

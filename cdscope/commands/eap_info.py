@@ -59,10 +59,10 @@ from cdscope.fileset import FileSet
 from cdscope.io import run_metadata
 from cdscope.messages import make_console, progress_bar
 from cdscope.settings import EapSettings
-from cdscope.tasks.answers import find_final_answer
-from cdscope.tasks.format import is_code_kind, probe_verifier_kind, task_from_probe_item
-from cdscope.tasks.verifiers import VERIFIERS
-from cdscope.tasks.verifiers import verify as verify_task
+from cdscope.tasks.io import probe_verifier_kind, task_from_probe_item
+from cdscope.tasks.judging import VERIFIERS, find_final_answer
+from cdscope.tasks.judging import verify as verify_task
+from cdscope.tasks.record import is_code_kind
 
 COUNT_KEYS = ("drawn", "unsupported", "incorrect", "too_long", "correct")
 

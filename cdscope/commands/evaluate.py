@@ -41,7 +41,7 @@ from cdscope.io import check_writable, content_hash, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.resume import resume_state
 from cdscope.settings import EvalSettings
-from cdscope.tasks.contamination import audit, benchmark_of, items_from_tasks, reference_sets
+from cdscope.tasks.io import audit, benchmark_of, items_from_tasks, reference_sets
 from cdscope.tasks.sandbox import require_sandbox_for
 
 COMPLETION_COLUMNS = [
@@ -132,7 +132,7 @@ def contamination_audit(
     outputs: FileSet | None = None,
 ) -> tuple[pd.DataFrame, Path]:
     """``eval --audit``: the eval ``tasks`` against the training tasks and probe pools
-    (shipped ones where no paths are given; ``cdscope.tasks.contamination``), written to
+    (shipped ones where no paths are given; ``cdscope.tasks.io.contamination``), written to
     ``out_dir/contamination.parquet`` (a file of ``outputs``, the run's output set, when
     given); returns (frame, path)."""
     target = check_writable(out_dir / "contamination.parquet")

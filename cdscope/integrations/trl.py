@@ -52,7 +52,7 @@ from cdscope.distributed import launch_env, process_group, quiesce_group
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
-from cdscope.tasks.format import Task
+from cdscope.tasks import Task
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
 from cdscope.train.tracking import cdscope_fields

@@ -170,7 +170,7 @@ def test_bad_inputs_exit_2_with_one_line_and_no_file(tiny_model_dir, tmp_path, m
     hard.write_text("math/add/eval/0\nnot/a/task\n")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--hard", hard), out, "not/a/task")
     with_code = write_eval_tasks(tmp_path / "c.jsonl", code=True)
-    from cdscope.tasks import sandbox
+    from cdscope.tasks.sandbox import layers as sandbox
 
     monkeypatch.setattr(sandbox, "sandbox_available", lambda: (False, "no namespaces"))
     _fails_cleanly(invoke(*base, "--tasks", with_code), out, "no sandbox")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cdscope.tasks import Task, verify, verify_many
-from cdscope.tasks.answers import find_final_answer
+from cdscope.tasks.judging.answers import find_final_answer
 from cdscope.tasks.sandbox import code_sandbox_available
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ FRESH = textwrap.dedent(
     """
     from cdscope.tasks.record import Task
     from cdscope.tasks.sandbox import sandbox_layers
-    from cdscope.tasks.verifiers import verify_many
+    from cdscope.tasks.judging.verifiers import verify_many
     add = Task("c/add", "code", "def add(a, b):\\n", "code",
                tests="def check(candidate):\\n    assert candidate(1, 2) == 3\\n", entry_point="add")
     verdicts = verify_many([add, add], ["    return a + b\\n", "    return a - b\\n"], workers=2)

@@ -12,11 +12,11 @@
   under the verdict's deadline (``symbolic``); a reference with no mathematics in it by
   normalised text.
 * ``logic`` and ``logic:<generator>`` -- the same extraction, then the generator's
-  structural check (``cdscope.tasks.logic``).
+  structural check (``cdscope.tasks.judging.logic``).
 * ``code`` (HumanEval: the program is ``prompt + completion``) and ``code:program``
   (MBPP-style prose prompts: the completion alone is the program) -- the task's tests run
   in this process against a stand-in for the program, which runs only in the sandbox
-  (``cdscope.tasks.code``, ``cdscope.tasks.harness``).
+  (``cdscope.tasks.judging.code``, ``cdscope.tasks.sandbox.harness``).
 
 A final statement holding two different answers (``\\boxed{12} or \\boxed{13}``, "12 or
 13", "a knight/knave", "Yes or No") is a hedge and wrong, never read as its first option.
@@ -35,17 +35,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from cdscope.errors import CdscopeError
-from cdscope.tasks.answers import find_final_answer, show
-from cdscope.tasks.logic import LOGIC_CHECKS, check_exact, normalise
-from cdscope.tasks.numeric import MAX_DIGITS, form_problem, has_long_digit_run, read_number
-from cdscope.tasks.record import Task, is_code_kind
-from cdscope.tasks.registry import (
+from cdscope.tasks.judging.answers import find_final_answer, show
+from cdscope.tasks.judging.logic import LOGIC_CHECKS, check_exact, normalise
+from cdscope.tasks.judging.numeric import MAX_DIGITS, form_problem, has_long_digit_run, read_number
+from cdscope.tasks.judging.registry import (
     VERIFIERS,
     Verdict,
     register_verifier,
     verifier_for,
     verifier_kinds,
 )
+from cdscope.tasks.record import Task, is_code_kind
 
 NO_ANSWER = "no final answer found"
 HEDGE = "two different final answers (a hedge)"
@@ -87,7 +87,7 @@ def _numeric(task: Task, reference: str, want, text: str) -> Verdict:  # noqa: A
 
 def verify_math(task: Task, completion: str, *, timeout: float = 5.0) -> Verdict:
     """The final answer against the reference: exactly, or by math-verify (module doc)."""
-    from cdscope.tasks.symbolic import symbolic_equal  # workers start only when needed
+    from cdscope.tasks.judging.symbolic import symbolic_equal  # workers start only when needed
 
     reference = _reference(task)
     found = find_final_answer(completion)
@@ -138,7 +138,7 @@ def _logic_verifier(kind: str) -> Callable[..., Verdict]:
 
 def verify_code(task: Task, completion: str, *, timeout: float = 5.0) -> Verdict:
     """The task's ``check(candidate)`` here; the program only in the sandbox."""
-    from cdscope.tasks.code import run_code_task  # keeps math/logic free of the sandbox
+    from cdscope.tasks.judging.code import run_code_task  # keeps math/logic free of the sandbox
 
     passed, message = run_code_task(task, completion, timeout=timeout)
     return Verdict(passed, message)

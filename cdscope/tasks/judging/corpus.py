@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from cdscope.tasks.numeric import read_number
+from cdscope.tasks.judging.numeric import read_number
 from cdscope.tasks.record import Task, is_code_kind
 
 REASONING = (

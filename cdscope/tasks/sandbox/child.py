@@ -8,7 +8,7 @@ task's candidate) it sends ``{"ready": true}`` and answers each request ``{"a": 
 "k": kwargs}`` with ``{"r": value}``, ``{"x": [exception type, message]}`` or ``{"bad":
 why}`` (not plain data) until stdin closes. Nothing here decides a verdict: the child
 holds no secret, and any frame it writes the program could have written itself; the
-parent (``cdscope.tasks.harness``) runs the tests and only takes plain data back.
+parent (``cdscope.tasks.sandbox.harness``) runs the tests and only takes plain data back.
 Frames go to a descriptor of their own; the program's stdout/stderr go to log files.
 
 Wire format (imported by the parent too): a 4-byte big-endian length, then ASCII JSON.

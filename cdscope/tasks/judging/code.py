@@ -17,7 +17,7 @@ The candidate program never contains the tests. It is built from the completion:
    after the function instead, and the child reports whatever error remains.
 
 The program runs only in the sandbox child (never in this process); the task's
-``check(candidate)`` runs here, in ``cdscope.tasks.harness``, against a stand-in that
+``check(candidate)`` runs here, in ``cdscope.tasks.sandbox.harness``, against a stand-in that
 forwards each call to the child and takes plain data back. The verdict is passed when
 ``check`` returns: nothing the program does -- exiting early, printing, redefining
 ``check`` with a trailing decorator, returning an always-equal object, patching
@@ -29,9 +29,9 @@ from __future__ import annotations
 import re
 
 from cdscope.errors import CdscopeError
-from cdscope.tasks.harness import run_check
+from cdscope.tasks.judging.sanitize import code_start, fenced_blocks, sanitize_program
 from cdscope.tasks.record import PROGRAM_KIND, Task
-from cdscope.tasks.sanitize import code_start, fenced_blocks, sanitize_program, with_stub_body
+from cdscope.tasks.sandbox import run_check, with_stub_body
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ")
 MAX_MESSAGE = 160

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import gcd
 
-from cdscope.tasks.answers import clean_answer
+from cdscope.tasks.judging.answers import clean_answer
 
 MAX_DIGITS = 1000  # a longer digit run is not a number
 MAX_EXPONENT = 1000  # |e| in 10^e

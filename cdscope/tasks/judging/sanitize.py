@@ -63,19 +63,6 @@ def _parse_prefix(source: str) -> ast.Module | None:
     return None
 
 
-def with_stub_body(prompt: str) -> str:
-    """``prompt``, or with ``pass`` as the body of its trailing bare ``def`` line when it
-    does not parse alone (a prompt that is only a signature); unchanged when neither
-    parses."""
-    for source in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
-        try:
-            ast.parse(source)
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            continue
-        return source
-    return prompt
-
-
 def _defined(node: ast.stmt) -> set[str]:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return {node.name}

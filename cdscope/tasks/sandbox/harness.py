@@ -13,7 +13,7 @@ child and sees only the inputs of each call; the verdict is decided here.
    the entry point's name is bound to a ``RemoteCandidate`` and ``check(candidate)`` is
    called -- the HumanEval harness, so property-style tests (``abs(f(x)) < tol``) work.
 3. Each call sends its arguments as plain data and gets plain data back (the tagged
-   format of ``sandbox_child``): decoded into exact built-in types, so no object of the
+   format of ``child``): decoded into exact built-in types, so no object of the
    program's reaches the tests (no always-equal ``__eq__``, no monkeypatched builtins --
    the program's builtins are its own process's). A value that is not plain data, a
    malformed frame, a dead child or the deadline fail the verdict through ``_Broken``,
@@ -24,7 +24,7 @@ child and sees only the inputs of each call; the verdict is decided here.
    called the candidate at least once.
 
 Care taken in this process (the tests are trusted, the values are not): decoding is
-bounded (``sandbox_child`` limits); one wall-clock deadline covers the child's start-up
+bounded (``child`` limits); one wall-clock deadline covers the child's start-up
 and every call; the child is killed afterwards. The tests' ``random`` is a private
 instance seeded with 0, so the caller's global RNG state is untouched (training resumes
 stay bit-exact) and verdicts of randomised tests are reproducible. Arguments are copies:
@@ -33,6 +33,7 @@ a test that expects the candidate to mutate its argument in place cannot pass.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import functools
 import importlib.util
@@ -40,16 +41,15 @@ import re
 from types import CodeType
 
 from cdscope.errors import CdscopeError
-from cdscope.tasks import sandbox_child as wire
 from cdscope.tasks.record import PROGRAM_KIND, Task
-from cdscope.tasks.sandbox import (
+from cdscope.tasks.sandbox import child as wire
+from cdscope.tasks.sandbox.layers import (
     SandboxClosed,
     SandboxProcess,
     SandboxTimeout,
     start_candidate,
 )
-from cdscope.tasks.sandbox_process import how_it_ended
-from cdscope.tasks.sanitize import with_stub_body
+from cdscope.tasks.sandbox.process import how_it_ended
 
 MAX_MESSAGE = 300  # of a candidate's exception message passed to the tests
 _ENDED = "\0ended"  # placeholder: the child's own last words are known after close()
@@ -139,6 +139,19 @@ class RemoteCandidate:
                     f"the candidate returned {data[:MAX_MESSAGE]}; only plain data counts"
                 )
         raise self._broken("the candidate answered with a malformed frame")
+
+
+def with_stub_body(prompt: str) -> str:
+    """``prompt``, or with ``pass`` as the body of its trailing bare ``def`` line when it
+    does not parse alone (a prompt that is only a signature); unchanged when neither
+    parses."""
+    for source in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
+        try:
+            ast.parse(source)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        return source
+    return prompt
 
 
 @functools.lru_cache(maxsize=512)

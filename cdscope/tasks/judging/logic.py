@@ -26,8 +26,8 @@ import re
 from collections import deque
 from fractions import Fraction
 
-from cdscope.tasks.answers import show
-from cdscope.tasks.numeric import MAX_DIGITS, has_long_digit_run
+from cdscope.tasks.judging.answers import show
+from cdscope.tasks.judging.numeric import MAX_DIGITS, has_long_digit_run
 
 Check = tuple[bool, str]
 

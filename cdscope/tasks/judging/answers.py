@@ -20,7 +20,8 @@ punctuation (``. , ;``; not ``!``, a factorial) are removed.
 
 Every step is linear in the completion's length: braces are matched in one pass with a
 stack (56k characters of unclosed ``\\boxed{`` cost one scan, not one scan per box), and
-the regular expressions have no nested quantifiers.
+no regular expression here backtracks over a run of one character class more than once
+(tested at 100k characters of every hostile shape, ``tests/tasks/test_deadlines.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ _MARKER = re.compile(
     r"(?:\b(?:final\s+)?answer\b(?:\s*(?:\*\*|__))?\s*(?:is\b\s*:?|:)|####)", re.IGNORECASE
 )
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
-_HOPE = re.compile(r"\s*I hope it is correct\.?\s*$", re.IGNORECASE)
+_HOPE = "i hope it is correct"  # Minerva's closing sentence, any case
 _WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mbox|textit|mathit)\s*\{")
 _TRAILING = ".,;"  # not "!": a factorial
 
@@ -137,9 +138,19 @@ def _statement(completion: str) -> FinalAnswer | None:
     if span is not None:
         text = next(g for g in span.groups() if g is not None)
     else:
-        text = _HOPE.sub("", text)
+        text = _without_hope(text)
     text = clean_answer(text)
     return FinalAnswer(text, end, "answer is") if text else None
+
+
+def _without_hope(text: str) -> str:
+    """``text`` without a trailing "I hope it is correct." (string operations: the regex
+    it replaces, ``\\s*I hope…$``, backtracked quadratically over a run of spaces)."""
+    stripped = text.rstrip()
+    bare = stripped[:-1] if stripped.endswith(".") else stripped
+    if bare[-len(_HOPE) :].casefold() == _HOPE:
+        return bare[: -len(_HOPE)].rstrip()
+    return text
 
 
 def find_final_answer(completion: str) -> FinalAnswer | None:

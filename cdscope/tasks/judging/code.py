@@ -27,14 +27,25 @@ builtins -- can make it so.
 from __future__ import annotations
 
 import re
+import time
 
 from cdscope.errors import CdscopeError
-from cdscope.tasks.judging.sanitize import code_start, fenced_blocks, sanitize_program
+from cdscope.tasks.judging.sanitize import (
+    MAX_SOURCE,
+    ReadingTimeout,
+    code_start,
+    fenced_blocks,
+    sanitize_program,
+)
 from cdscope.tasks.record import PROGRAM_KIND, Task
 from cdscope.tasks.sandbox import run_check, with_stub_body
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ")
 MAX_MESSAGE = 160
+
+
+class ProgramTooLong(Exception):
+    """The program a completion makes is over ``sanitize.MAX_SOURCE`` characters."""
 
 
 def truncate_at_stop(text: str) -> str:
@@ -75,8 +86,11 @@ def _fallback(task: Task, code: str, full: bool) -> str:
     return task.prompt + ("\n" + code if full else code)
 
 
-def build_program(task: Task, completion: str) -> str:
-    """The candidate program (no tests) for ``completion`` of ``task``."""
+def build_program(task: Task, completion: str, deadline: float | None = None) -> str:
+    """The candidate program (no tests) for ``completion`` of ``task``: ProgramTooLong
+    over ``MAX_SOURCE`` characters (bounded before any parse; a program over 8 MiB of
+    escaped JSON could not even be sent), ReadingTimeout when ``deadline``
+    (``time.monotonic`` seconds) passes while it is read."""
     if not task.tests or not task.entry_point:
         raise CdscopeError(f"task {task.id!r}: a code task needs 'tests' and 'entry_point'")
     code, full = extract_code(completion, task.entry_point)
@@ -86,11 +100,20 @@ def build_program(task: Task, completion: str) -> str:
         source = with_stub_body(task.prompt) + "\n" + code
     else:
         source = task.prompt + code
-    program = sanitize_program(source, task.entry_point)
+    if len(source) > MAX_SOURCE:
+        raise ProgramTooLong(f"a program of {len(source):,} characters (over {MAX_SOURCE:,})")
+    program = sanitize_program(source, task.entry_point, deadline)
     return (program if program is not None else _fallback(task, code, full)).rstrip("\n") + "\n"
 
 
 def run_code_task(task: Task, completion: str, *, timeout: float = 5.0) -> tuple[bool, str]:
     """``(passed, message)`` of the task's tests on ``completion`` (candidate sandboxed)."""
-    passed, message = run_check(task, build_program(task, completion), timeout=timeout)
+    deadline = time.monotonic() + timeout  # the whole verdict: reading it too
+    try:
+        program = build_program(task, completion, deadline)
+    except ReadingTimeout:
+        return False, f"timeout after {timeout:.1f}s (reading the program)"
+    except ProgramTooLong as exc:
+        return False, str(exc)
+    passed, message = run_check(task, program, timeout=timeout, deadline=deadline)
     return passed, message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."

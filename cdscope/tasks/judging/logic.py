@@ -87,7 +87,9 @@ def check_syllogism(reference: str, candidate: str, prompt: str = "") -> Check:
     return check_exact(reference, candidate, prompt)
 
 
-_ASSIGNMENT = re.compile(r"\b([A-Za-z][A-Za-z'\-]*)\s+is\s+an?\s+([A-Za-z]+)")
+# a name starts where no name character precedes it (``\b`` also matched inside
+# ``a-a-a-…``, and each such start scanned to the run's end: 14 s at 32k characters)
+_ASSIGNMENT = re.compile(r"(?<![A-Za-z'\-])([A-Za-z][A-Za-z'\-]*)\s+is\s+an?\s+([A-Za-z]+)")
 # "a knight/knave", "a knight or a knave", "either a knight or a knave": a hedged role
 _HEDGED_ROLE = re.compile(
     r"\bis\s+(?:either\s+)?an?\s+[A-Za-z]+\s*(?:/|\bor\b)\s*(?:an?\s+)?[A-Za-z]+", re.IGNORECASE
@@ -128,24 +130,40 @@ def check_knights_knaves(reference: str, candidate: str, prompt: str = "") -> Ch
 _DECIMAL = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 
-def numbers(text: str) -> list[Fraction] | None:
-    """Every decimal number in ``text`` in order, exactly; None when one has more than
+def number_tokens(text: str) -> list[str] | None:
+    """Every decimal number in ``text`` in order, as written; None when one has more than
     ``MAX_DIGITS`` digits (bounded work: a huge number is a wrong answer, not an error)."""
     if has_long_digit_run(text):
         return None
-    return [Fraction(tok) for tok in _DECIMAL.findall(text.replace("\u2212", "-"))]
+    return _DECIMAL.findall(text.replace("\u2212", "-"))
+
+
+def numbers(text: str) -> list[Fraction] | None:
+    """``number_tokens`` read exactly (None as there)."""
+    tokens = number_tokens(text)
+    return None if tokens is None else [Fraction(tok) for tok in tokens]
 
 
 def check_number_sorting(reference: str, candidate: str, prompt: str = "") -> Check:
-    expected, got = numbers(reference) or [], numbers(candidate)
-    if got is None:
+    expected, tokens = numbers(reference) or [], number_tokens(candidate)
+    if tokens is None:
         return False, f"a number of over {MAX_DIGITS} digits"
-    if len(got) != len(expected):
-        return False, f"expected {len(expected)} numbers, got {len(got)}"
+    if len(tokens) != len(expected):  # counted before any is read: 50k numbers cost 0.6 s
+        return False, f"expected {len(expected)} numbers, got {len(tokens)}"
+    got = [Fraction(tok) for tok in tokens]
     for index, (want, have) in enumerate(zip(expected, got, strict=True)):
         if want != have:
-            return False, f"position {index + 1}: expected {float(want):g}, got {float(have):g}"
+            return False, f"position {index + 1}: expected {_shown(want)}, got {_shown(have)}"
     return True, "ok"
+
+
+def _shown(value: Fraction) -> str:
+    """``value`` for a message: ``%g`` where a float holds it, else its first digits (a
+    310-digit number overflows ``float`` and raised out of the reward step before)."""
+    try:
+        return f"{float(value):g}"
+    except OverflowError:
+        return show(str(value), 24)
 
 
 _MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

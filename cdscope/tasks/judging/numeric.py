@@ -13,8 +13,10 @@ spelling, which the form rule of "simplify" tasks needs:
 
 Text holding a second number (``12 or 13``, ``3 1/2``, ``7 - 4 + 2``) is not *a* number.
 No floats: ``0.1000000001`` is not ``0.1``. Every read is bounded: a digit run longer than
-``MAX_DIGITS`` or an exponent beyond ``MAX_EXPONENT`` is not a number (a 5,000-digit
-answer is a wrong answer, never an exception), and the work is linear in the text.
+``MAX_DIGITS`` -- counted with its thousands separators and LaTeX spacing removed, as
+they are when it is read -- or an exponent beyond ``MAX_EXPONENT`` is not a number (a
+5,000-digit answer is a wrong answer, never an exception), and the work is linear in
+the text.
 """
 
 from __future__ import annotations
@@ -73,7 +75,10 @@ class Number:
 
 
 def normalise_number_text(text: str) -> str:
-    """The answer text with LaTeX fractions as ``(a)/(b)``, wrappers and spacing removed."""
+    """The answer text with LaTeX fractions as ``(a)/(b)``, wrappers and spacing removed,
+    and every run of whitespace one space (so the patterns below, whose ``\\s*`` meet on
+    either side of optional tokens, cannot backtrack over 19,000 spaces: 4-18 s a verdict
+    before)."""
     s = clean_answer(text)
     s = _TEXT.sub(r" \1", s).translate(_SUPERSCRIPTS)
     s = s.replace("{,}", ",").replace("\u2212", "-").replace("\u2013", "-")
@@ -81,16 +86,26 @@ def normalise_number_text(text: str) -> str:
         s = s.replace(space, "" if space in ("\\,", "\\!", "\\left", "\\right") else " ")
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "%").replace("\\cdotp", ".")
     s = _LATEX_FRAC.sub(lambda m: f"({m.group(1) or m.group(2)})/({m.group(3) or m.group(4)})", s)
-    over = _OVER.match(s.strip())
+    s = " ".join(s.split())  # one space at most: every \s* below then matches 0 or 1
+    over = _OVER.match(s)
     if over is not None:
         s = f"({over.group(1)})/({over.group(2)})"
-    s = re.sub(r"[€£¥₹]", "", s).strip()
+    s = " ".join(re.sub(r"[€£¥₹]", "", s).split())
     return _LEADING_NAME.sub("", s)
 
 
 def has_long_digit_run(text: str) -> bool:
     """Whether ``text`` holds a run of more than ``MAX_DIGITS`` digits (one linear scan)."""
     return any(m.end() - m.start() > MAX_DIGITS for m in _DIGIT_RUN.finditer(text))
+
+
+def has_long_number(text: str) -> bool:
+    """Whether ``text`` states a number of more than ``MAX_DIGITS`` digits, thousands
+    separators (``1,000``, ``1{,}000``, ``1\\,000``) and LaTeX spacing not counted as
+    breaks: ``read_number`` reads no such number."""
+    if len(text) > MAX_TEXT:
+        return has_long_digit_run(text)
+    return has_long_digit_run(normalise_number_text(text).replace(",", ""))
 
 
 def _decimal(text: str) -> Fraction:
@@ -109,6 +124,8 @@ def read_number(text: str) -> Number | None:
     if len(text) > MAX_TEXT or has_long_digit_run(text):
         return None
     s = normalise_number_text(text)
+    if has_long_digit_run(s.replace(",", "")):  # 1,000,...: 1{,}000: 1\,000 joined
+        return None
     number, end = _match(s)
     rest = s[end:]
     if number is None or re.search(r"\d", rest) or rest.lstrip().startswith(("!", "^")):

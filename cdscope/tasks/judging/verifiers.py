@@ -23,39 +23,70 @@ A final statement holding two different answers (``\\boxed{12} or \\boxed{13}``,
 More kinds: ``register_verifier`` from Python, or an entry point in the group
 ``cdscope.verifiers`` (loaded on first use; docs/tasks.md).
 
-``verify_many`` runs code verdicts in a bounded thread pool (each one waits on its own
-sandboxed process) and everything else inline. A verdict is ``passed`` plus a short
+``verify_many`` runs every verdict in a pool of ``workers`` threads: a code verdict waits
+on its own sandboxed process and a symbolic comparison on its math-verify worker, so the
+slow ones of a batch run side by side and the batch takes about ceil(slow / workers) x
+``timeout``, however they are mixed (they ran one after another before: 8 hostile + 8
+honest symbolic answers, 46 s at the 5 s default). A verdict is ``passed`` plus a short
 reason ("ok", "no final answer found", "expected 12, got 13", "timeout after 5.0s").
+
+**The deadline** (``timeout``, seconds) bounds the whole verdict: reading a code
+completion into its program counts against it and the sandbox child gets what is left;
+a reply from the child is read, parsed and decoded within it, and one parse is bounded
+in size before it starts. A symbolic comparison's worker is killed at it (a worker's own
+start, about 0.7 s, has its own bound and runs ahead while comparisons are in flight).
+Math and logic verdicts are linear in the completion, with no deadline to check: 100k
+characters of any shape take milliseconds.
+
+**A verdict for every completion.** Whatever a completion holds, ``verify`` returns a
+verdict: an exception raised while judging it scores that completion 0 with the reason
+``verifier error: <type>: <message>`` (``Verdict.crashed``) and never reaches the batch
+-- in GRPO one bad completion must cost its own reward, not the step. A completion over
+``MAX_COMPLETION`` characters scores 0 unread. Errors of the *task* (no ``answer``, an
+unknown kind, tests that do not compile) are still ``CdscopeError``: they are the task
+file's, would score every completion, and are refused when tasks are loaded.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks.judging.answers import find_final_answer, show
 from cdscope.tasks.judging.logic import LOGIC_CHECKS, check_exact, normalise
-from cdscope.tasks.judging.numeric import MAX_DIGITS, form_problem, has_long_digit_run, read_number
+from cdscope.tasks.judging.numeric import (
+    MAX_DIGITS,
+    form_problem,
+    has_long_digit_run,
+    has_long_number,
+    read_number,
+)
 from cdscope.tasks.judging.registry import (
+    VERIFIER_ERROR,
     VERIFIERS,
     Verdict,
     register_verifier,
     verifier_for,
     verifier_kinds,
 )
-from cdscope.tasks.record import Task, is_code_kind
+from cdscope.tasks.record import Task
 
 NO_ANSWER = "no final answer found"
 HEDGE = "two different final answers (a hedge)"
+MAX_COMPLETION = 1_000_000  # characters of a completion read at all
 MAX_SYMBOLIC_TEXT = 2000  # characters of a non-numeric answer given to math-verify
 _HEDGE_WORDS = re.compile(r"\bor\b|\\lor\b|\\vee\b|\beither\b", re.IGNORECASE)
 _MATHEMATICAL = re.compile(r"[\d\\^(){}\[\]π√∞]")
 
 __all__ = [
     "HEDGE",
+    "MAX_COMPLETION",
     "NO_ANSWER",
+    "VERIFIER_ERROR",
     "VERIFIERS",
     "Verdict",
     "register_verifier",
@@ -74,7 +105,7 @@ def _reference(task: Task) -> str:
 def _numeric(task: Task, reference: str, want, text: str) -> Verdict:  # noqa: ANN001
     got = read_number(text)
     if got is None:
-        if has_long_digit_run(text):
+        if has_long_number(text):
             return Verdict(False, f"expected {reference}, got a number of over {MAX_DIGITS} digits")
         return Verdict(False, f"expected {reference}, got non-number {show(text)!r}")
     if got.value != want.value:
@@ -155,8 +186,24 @@ VERIFIERS.update(
 
 
 def verify(task: Task, completion: str, *, timeout: float = 5.0) -> Verdict:
-    """The verdict of ``task``'s verifier on ``completion``."""
-    return verifier_for(task)(task, completion, timeout=timeout)
+    """The verdict of ``task``'s verifier on ``completion``, never an exception of the
+    completion's making (module docstring); ``seconds`` is how long it took."""
+    function = verifier_for(task)
+    start = time.perf_counter()
+    if not isinstance(completion, str):
+        verdict = Verdict(False, f"the completion is a {type(completion).__name__}, not text")
+    elif len(completion) > MAX_COMPLETION:
+        verdict = Verdict(
+            False, f"a completion of {len(completion):,} characters (read up to {MAX_COMPLETION:,})"
+        )
+    else:
+        try:
+            verdict = function(task, completion, timeout=timeout)
+        except CdscopeError:
+            raise  # the task's own error (module docstring)
+        except Exception as exc:  # MemoryError, RecursionError, a verifier's bug
+            verdict = Verdict(False, f"{VERIFIER_ERROR}: {type(exc).__name__}: {show(str(exc))}")
+    return replace(verdict, seconds=time.perf_counter() - start)
 
 
 def verify_many(
@@ -166,7 +213,8 @@ def verify_many(
     timeout: float = 5.0,
     workers: int = 2,
 ) -> list[Verdict]:
-    """Verdicts for ``(tasks[i], completions[i])``; code ones in up to ``workers`` sandboxes."""
+    """Verdicts for ``(tasks[i], completions[i])``, in order, judged on up to ``workers``
+    threads (module docstring)."""
     if len(tasks) != len(completions):
         raise CdscopeError(
             f"verify_many: {len(tasks)} tasks but {len(completions)} completions; pass one "
@@ -174,16 +222,9 @@ def verify_many(
         )
     if workers < 1:
         raise CdscopeError(f"workers must be at least 1, got {workers}")
-    verdicts: list[Verdict | None] = [None] * len(tasks)
-    code = [i for i, task in enumerate(tasks) if is_code_kind(task.verifier)]
-    for index, task in enumerate(tasks):
-        if not is_code_kind(task.verifier):
-            verdicts[index] = verify(task, completions[index], timeout=timeout)
-    if code:
-        with ThreadPoolExecutor(max_workers=min(workers, len(code))) as pool:
-            futures = {
-                i: pool.submit(verify, tasks[i], completions[i], timeout=timeout) for i in code
-            }
-            for index, future in futures.items():
-                verdicts[index] = future.result()
-    return [v for v in verdicts if v is not None]
+    pairs = list(zip(tasks, completions, strict=True))
+    if workers == 1 or len(pairs) < 2:
+        return [verify(task, completion, timeout=timeout) for task, completion in pairs]
+    with ThreadPoolExecutor(max_workers=min(workers, len(pairs))) as pool:
+        futures = [pool.submit(verify, task, text, timeout=timeout) for task, text in pairs]
+        return [future.result() for future in futures]

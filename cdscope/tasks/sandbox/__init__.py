@@ -34,7 +34,8 @@ _EXPORTS = {
         "cdscope.tasks.sandbox.layers",
     ),
     **dict.fromkeys(
-        ("CandidateError", "run_check", "with_stub_body"), "cdscope.tasks.sandbox.harness"
+        ("CandidateError", "parse_python", "run_check", "with_stub_body"),
+        "cdscope.tasks.sandbox.harness",
     ),
 }
 

@@ -246,8 +246,12 @@ class SandboxProcess:
 
     def receive(self) -> object:
         """The child's next frame (SandboxTimeout, SandboxClosed or wire.WireError). The
-        deadline covers parsing too: a frame read in time but parsed after it is late."""
-        message = wire.unpack(self._read(wire.frame_length(self._read(4))))
+        deadline covers parsing too: a frame read after it is not parsed, one parsed after
+        it is late, and what one parse may cost is bounded (``wire.MAX_VALUES``)."""
+        body = self._read(wire.frame_length(self._read(4)))
+        if time.monotonic() > self.deadline:
+            raise SandboxTimeout
+        message = wire.unpack(body, max_values=wire.MAX_VALUES)
         if time.monotonic() > self.deadline:
             raise SandboxTimeout
         return message

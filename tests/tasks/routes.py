@@ -63,6 +63,31 @@ ADD = Task(
 )
 
 
+GRID = "Now, find the shortest path from * to # in the following grid:\n* O\nO #\nSolution:\n"
+KNIGHTS = (
+    'You meet 2 inhabitants: Jack, and Abigail. (Format your answer like: "Jack is a '
+    'knight/knave, and Abigail is a knight/knave")\nSolution:\n'
+)
+# one task of every answer kind: exact, fraction form, symbolic, text, and each logic check
+ANSWER_TASKS = [
+    Task("p/int", "math", "q", "math", answer="12"),
+    Task("p/frac", "math", "Simplify the fraction 6/8 to its lowest terms.", "math", answer="3/4"),
+    Task("p/root", "math", "Simplify $\\sqrt{8}$.", "math", answer="2\\sqrt{2}"),
+    Task("p/text", "math", "q", "math", answer="Yes"),
+    Task("p/logic", "logic", "q", "logic", answer="B"),
+    Task(
+        "p/kk",
+        "logic",
+        KNIGHTS,
+        "logic:knights_knaves",
+        answer="Jack is a knight, and Abigail is a knave",
+    ),
+    Task("p/syl", "logic", "q", "logic:syllogism", answer="No"),
+    Task("p/sort", "logic", "q", "logic:number_sorting", answer="['-1', '2.5', '7']"),
+    Task("p/path", "logic", GRID, "logic:shortest_path", answer="right down"),
+]
+
+
 def forged_replies(build: str, times: int = 1) -> str:
     """A candidate body that writes its own reply frame ``times`` over on every descriptor
     the parent could read, then sleeps: ``build`` is indented code that sets ``body``

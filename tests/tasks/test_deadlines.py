@@ -16,26 +16,16 @@ from cdscope.tasks import Task, verify, verify_many
 from cdscope.tasks.judging.code import ProgramTooLong, build_program
 from cdscope.tasks.judging.sanitize import ReadingTimeout
 from cdscope.tasks.sandbox import code_sandbox_available
-from tests.tasks.routes import forged_replies
+from tests.tasks.routes import ANSWER_TASKS, forged_replies
 
 needs_sandbox = pytest.mark.skipif(not code_sandbox_available()[0], reason="no code sandbox")
-GRID = "Now, find the shortest path from * to # in the following grid:\n* O\nO #\nSolution:\n"
-TASKS = [
-    Task("t/math", "math", "q", "math", answer="12"),
-    Task("t/frac", "math", "Simplify the fraction 6/8 to its lowest terms.", "math", answer="3/4"),
-    Task("t/text", "math", "q", "math", answer="Yes"),
-    Task("t/logic", "logic", "q", "logic", answer="B"),
-    Task("t/kk", "logic", "q", "logic:knights_knaves", answer="Jack is a knight"),
-    Task("t/syl", "logic", "q", "logic:syllogism", answer="Yes"),
-    Task("t/sort", "logic", "q", "logic:number_sorting", answer="['1', '2']"),
-    Task("t/path", "logic", GRID, "logic:shortest_path", answer="right down"),
-]
 N = 100_000
 # one of each shape that made a pattern backtrack, or could: runs of one character class
 # next to optional tokens, word starts inside a run, separators, openers without closers
 SHAPES = {
     "spaces": " " * N,
     "newlines": " \n" * (N // 2),
+    "lines": "a\n" * (N // 2),
     "tabs": "\t" * N,
     "a-a-": "a-" * (N // 2),
     "is a": "Jack is a " * (N // 10),
@@ -65,15 +55,16 @@ CONTEXTS = {
 def test_no_math_or_logic_verdict_backtracks_at_100k_characters(shape: str) -> None:
     """N4: 19,000 spaces made three regexes quadratic (a math verdict 9-18 s, a logic one
     3-6 s, no deadline), and ``a-a-…`` the knights one (14 s at 32k characters). Now every
-    verdict of every kind on 100k characters of any shape: floor 0.05 s, bound 1 s."""
+    verdict of every kind on 100k characters of any shape: floor 0.05 s, 0.3 s for the
+    slowest shape, bound 3 s on 2 cores at load 8 (a quadratic pattern takes 100 s here)."""
     slowest = 0.0
     for context in CONTEXTS.values():
         completion = context.format(SHAPES[shape])
-        for task in TASKS:
+        for task in ANSWER_TASKS:
             start = time.perf_counter()
             verify(task, completion)
             slowest = max(slowest, time.perf_counter() - start)
-    assert slowest < 1.0, f"{shape}: {slowest:.2f} s"
+    assert slowest < 3.0, f"{shape}: {slowest:.2f} s"
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -5,7 +5,8 @@
 * ``answers``   -- where a completion states its final answer (formats, precedence, hedges)
 * ``numeric``   -- exact numbers in every spelling, bounded; the fraction form rule
 * ``symbolic``  -- math-verify in killable worker processes (``symbolic_child``)
-* ``logic``     -- structural checks per logic generator
+* ``logic``     -- structural checks per logic generator; ``claims``: what a logic
+  answer claims (Yes/No, roles) and whether it hedges
 * ``sanitize``, ``code`` -- completion -> the program a code task's entry point needs;
   its verdict comes from the sandbox's harness (``cdscope.tasks.sandbox``)
 * ``corpus``    -- the verifiers' own corpus: right answers in the formats models write,

@@ -2,9 +2,11 @@
 
 The candidate program never contains the tests. It is built from the completion:
 
-1. the code: the last Python fenced block that defines ``def <entry_point>(``, else the
-   first Python fenced block, else the whole completion (prose ahead of an unfenced
-   program's first import/def/class line dropped);
+1. the code: the last Python fenced block that defines ``def <entry_point>(``, after the
+   Python blocks before it that parse on their own (a helper shown first, then the
+   function: they are one program; the sanitizer keeps what is needed), else the first
+   Python fenced block, else the whole completion (prose ahead of an unfenced program's
+   first import/def/class line dropped);
 2. the source: for ``code`` tasks (HumanEval) ``prompt + code`` -- a full definition
    redefines the prompt's stub with the prompt's imports in scope, and a body-only
    completion completes the prompt's function; for ``code:program`` tasks (MBPP-style
@@ -38,7 +40,7 @@ from cdscope.tasks.judging.sanitize import (
     sanitize_program,
 )
 from cdscope.tasks.record import PROGRAM_KIND, Task
-from cdscope.tasks.sandbox import run_check, with_stub_body
+from cdscope.tasks.sandbox import parse_python, run_check, with_stub_body
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ")
 MAX_MESSAGE = 160
@@ -62,13 +64,24 @@ def extract_code(completion: str, entry_point: str) -> tuple[str, bool]:
     """``(code, is_full_definition)`` from a completion (step 1 of the module docstring)."""
     blocks = fenced_blocks(completion)
     if blocks:
-        defining = [b for b in blocks if _definition(b, entry_point)]
-        text = defining[-1] if defining else blocks[0]
-        return text, bool(defining)
+        defining = [i for i, b in enumerate(blocks) if _definition(b, entry_point)]
+        if not defining:
+            return blocks[0], False
+        last = defining[-1]
+        before = blocks[:last] if sum(map(len, blocks[: last + 1])) <= MAX_SOURCE else []
+        return "\n".join([*(b for b in before if _parses(b)), blocks[last]]), True
     definition = _definition(completion, entry_point)
     if definition is None:
         return completion, False
     return completion[code_start(completion, definition.start()) :], True
+
+
+def _parses(code: str) -> bool:
+    try:
+        parse_python(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def _fallback(task: Task, code: str, full: bool) -> str:

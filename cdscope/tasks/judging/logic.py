@@ -4,11 +4,13 @@ Each check takes the reference answer, the extracted candidate answer and the ta
 prompt, and returns ``(passed, message)``. The comparisons are structural where the
 answer has structure:
 
-* ``knights_knaves`` -- the set of "<Name> is a/an <role>" assignments must equal the
-  reference's, in any order and with any separators; a name given two roles, or a role
-  hedged as ``knight/knave`` or ``a knight or a knave``, fails.
-* ``syllogism`` -- Yes/No, with true/valid/follows read as Yes and false/invalid as No;
-  an answer naming both ("Yes or No", "yes/no") is a hedge and fails.
+* ``knights_knaves`` -- the roles the answer states (``claims.roles``: "<Name> is a
+  <role>", "is not a <role>", "<Name>: <role>", any case, one line or one name a line)
+  must equal the reference's, in any order; a hedge (a name given two roles,
+  ``knight/knave``, ``a knight (or knave)``, a condition) fails.
+* ``syllogism`` -- Yes/No (``claims.polarity``: the first word, or "It does not follow",
+  "The argument is valid"; the justification after "because" does not count); a hedge
+  ("Yes or No", "yes/no", "Yes, if ...") fails.
 * ``number_sorting`` -- the list of numbers (quoted or not) must equal the reference
   element by element, compared exactly as fractions ("34" equals "34.0").
 * ``shortest_path`` -- "infeasible" or a sequence of up/down/left/right. Several paths
@@ -27,12 +29,13 @@ from collections import deque
 from fractions import Fraction
 
 from cdscope.tasks.judging.answers import show
+from cdscope.tasks.judging.claims import NO_WORDS, YES_WORDS, polarity, role_pair, roles
 from cdscope.tasks.judging.numeric import MAX_DIGITS, has_long_digit_run
 
 Check = tuple[bool, str]
 
-_YES = {"yes", "true", "valid", "follows", "correct"}
-_NO = {"no", "false", "invalid", "not"}
+MULTILINE_KINDS = frozenset({"logic:knights_knaves"})  # answers may give one name a line
+MAX_LINES = 20  # of a multi-line answer read (each read again as lines are added)
 
 
 def normalise(text: str) -> str:
@@ -41,43 +44,15 @@ def normalise(text: str) -> str:
     return " ".join(text.split()).rstrip(".").strip()
 
 
-def _polarity(text: str) -> str | None:
-    words = re.findall(r"[a-z]+", text.casefold())
-    if not words:
-        return None
-    if words[0] in _YES:
-        return "yes"
-    if words[0] in _NO:
-        return "no"
-    return None
-
-
-_HEDGE_POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
-
-
-def _hedged_polarity(text: str) -> bool:
-    """Both a yes-word and a no-word as answers ("Yes or No", "yes/no", "True or False")."""
-    found = {
-        _HEDGE_POLARITY[w]
-        for w in re.findall(r"[a-z]+", text.casefold()[:2000])
-        if w in _HEDGE_POLARITY
-    }
-    return len(found) > 1
-
-
 def check_exact(reference: str, candidate: str, prompt: str = "") -> Check:
-    """Normalised exact match; Yes/No references compare by polarity."""
-    ref_polarity = _polarity(reference) if normalise(reference) in _YES | _NO else None
-    if ref_polarity is not None:
-        if _hedged_polarity(candidate):
-            return False, f"expected {reference}, got both answers (a hedge)"
-        got = _polarity(candidate)
+    """Normalised exact match; Yes/No references compare by polarity (``claims``)."""
+    if normalise(reference) in YES_WORDS | NO_WORDS:
+        want, got = polarity(reference), polarity(candidate)
+        if got == "hedge":
+            return False, f"expected {reference}, got a hedge: {show(candidate)!r}"
         if got is None:
             return False, f"expected {reference}, got {show(candidate)!r}"
-        return (
-            got == ref_polarity,
-            "ok" if got == ref_polarity else f"expected {reference}, got {got}",
-        )
+        return (got == want, "ok" if got == want else f"expected {reference}, got {got}")
     if normalise(reference) == normalise(candidate):
         return True, "ok"
     return False, f"expected {show(reference)!r}, got {show(candidate)!r}"
@@ -87,38 +62,25 @@ def check_syllogism(reference: str, candidate: str, prompt: str = "") -> Check:
     return check_exact(reference, candidate, prompt)
 
 
-# a name starts where no name character precedes it (``\b`` also matched inside
-# ``a-a-a-…``, and each such start scanned to the run's end: 14 s at 32k characters)
-_ASSIGNMENT = re.compile(r"(?<![A-Za-z'\-])([A-Za-z][A-Za-z'\-]*)\s+is\s+an?\s+([A-Za-z]+)")
-# "a knight/knave", "a knight or a knave", "either a knight or a knave": a hedged role
-_HEDGED_ROLE = re.compile(
-    r"\bis\s+(?:either\s+)?an?\s+[A-Za-z]+\s*(?:/|\bor\b)\s*(?:an?\s+)?[A-Za-z]+", re.IGNORECASE
-)
-
-
-def assignments(text: str) -> tuple[dict[str, str], str | None]:
-    """``{name: role}`` (both case-folded) stated in ``text``, and the first name given two
-    roles, if any. Words that are not names ("who is a knight") are harmless: only the
-    reference's names are compared."""
-    found: dict[str, str] = {}
-    for name, role in _ASSIGNMENT.findall(text):
-        name, role = name.casefold(), role.casefold()
-        if found.get(name, role) != role:
-            return found, name
-        found[name] = role
-    return found, None
-
-
 def check_knights_knaves(reference: str, candidate: str, prompt: str = "") -> Check:
-    expected, _ = assignments(reference)
+    """The roles stated equal the reference's (``claims.roles``); ``candidate`` may hold
+    one name a line: its first lines (at most ``MAX_LINES``) are read until every
+    reference name has a role."""
+    expected, _ = roles(reference)
     if not expected:
         return check_exact(reference, candidate, prompt)
-    hedge = _HEDGED_ROLE.search(candidate)
+    known = set(expected.values())
+    pair = role_pair(prompt, known)
+    known |= set(pair or ())
+    lines = candidate.split("\n", MAX_LINES)[:MAX_LINES]
+    got: dict[str, str] = {}
+    hedge = None
+    for count in range(1, len(lines) + 1):
+        got, hedge = roles("\n".join(lines[:count]), known, pair)
+        if hedge is not None or all(name in got for name in expected):
+            break
     if hedge is not None:
-        return False, f"a hedged role: {show(hedge.group())!r}"
-    got, conflict = assignments(candidate)
-    if conflict is not None:
-        return False, f"{conflict} is given two roles"
+        return False, f"a hedge: {hedge}"
     for name, role in expected.items():
         if name not in got:
             return False, f"no role stated for {name}"

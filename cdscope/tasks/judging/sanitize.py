@@ -6,13 +6,17 @@ class or constants, the entry point -- and often example calls, prints, asserts 
 with ``ast`` and keeps, in source order:
 
 * every import (and a top-level ``try`` holding only imports),
-* the definitions -- functions, classes, assignments to names -- reachable from the
-  entry point through the names they use (a helper, a constant, a class the entry point
-  instantiates, a helper's own helpers),
+* the definitions -- functions, classes, assignments to names, and the loops, ``if``,
+  ``with`` and ``try`` blocks and method calls (``TABLE.append(...)``) that assign to or
+  fill a name -- reachable from the entry point through the free names it uses (a
+  helper, a constant, a class the entry point instantiates, a table a module-level loop
+  fills, a helper's own helpers; a function's parameters and locals are not free, so a
+  demo loop over ``x`` is not kept for a function of ``x``),
 * ``sys.setrecursionlimit(...)`` calls (a recursive solution needs them),
 
 and drops everything else at the top level: expression statements (prints, example
-calls), asserts, loops, ``if __name__ == "__main__":`` blocks, unreachable definitions.
+calls), asserts, loops that fill nothing needed, ``if __name__ == "__main__":`` blocks,
+unreachable definitions.
 A program that does not parse as a whole is cut back, at top-level line boundaries from
 its end, to the longest prefix that parses (prose after an unfenced program), at most
 ``MAX_CUTS`` times. The result is None when no parse defines the entry point; the caller
@@ -81,17 +85,61 @@ def _parse_prefix(source: str, deadline: float | None) -> ast.Module | None:
     return None
 
 
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_BLOCKS = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try)
+
+
 def _defined(node: ast.stmt) -> set[str]:
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+    """The names a top-level statement defines, assigns to or fills."""
+    if isinstance(node, _DEFINITIONS):
         return {node.name}
     if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if isinstance(node, ast.Expr):  # TABLE.append(...), memo.update(...)
+        return _receiver(node)
+    if isinstance(node, _BLOCKS) and not _is_main_guard(node):
+        return set().union(
+            *(_defined(s) for s in ast.walk(node) if isinstance(s, ast.stmt) and s is not node)
+        )
     return set()
 
 
+def _receiver(node: ast.Expr) -> set[str]:
+    call = node.value
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+        owner = call.func.value
+        return {owner.id} if isinstance(owner, ast.Name) else set()
+    return set()
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (the program runs as ``__main__`` in the child)."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+    )
+
+
 def _used(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    """The free names of a statement: what it loads and does not bind itself (a
+    function's parameters, locals, nested definitions and imports are bound; names it
+    declares ``global`` are free)."""
+    loaded, bound, declared = set(), set(), set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name):
+            (loaded if isinstance(child.ctx, ast.Load) else bound).add(child.id)
+        elif isinstance(child, ast.arg):
+            bound.add(child.arg)
+        elif isinstance(child, ast.Global | ast.Nonlocal):
+            declared.update(child.names)
+        elif isinstance(child, ast.Import | ast.ImportFrom):
+            bound.update((a.asname or a.name).split(".")[0] for a in child.names)
+        elif isinstance(child, _DEFINITIONS) and child is not node:
+            bound.add(child.name)
+    return (loaded - bound) | declared
 
 
 def _is_import(node: ast.stmt) -> bool:

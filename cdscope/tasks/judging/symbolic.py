@@ -14,6 +14,14 @@ its own bound, ``START_TIMEOUT``, and does not count against a verdict's deadlin
 that a killed worker's successor is not started in the next verdict's time, every
 comparison in flight has a spare starting (or idle) behind it: ``verify_many``'s slow
 comparisons then cost ceil(slow / workers) x timeout, not that plus a start each.
+
+Beyond math-verify's value equality the worker keeps sets apart from intervals, pairs and
+tuples, and judges the **form** of the answer to a transform task (``transform``: the
+prompt asks to simplify, expand, factor, rationalize, compute, evaluate or calculate):
+the answer may show no mark of an unfinished transformation that the reference does not
+show (``symbolic_child.features``) -- restating the question's expression is not the
+answer (math-verify evaluates it, so ``\\sqrt{245}`` passed for 7√5, ``(x+1)^2`` for the
+expansion, ``x^2-1`` for the factorisation: 7 of 8 such items).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -36,6 +45,20 @@ MEMORY_MB = 2048
 START_TIMEOUT = 60.0
 MAX_REPLY = 1 << 16
 _SOURCE = Path(__file__).with_name("symbolic_child.py")
+_TRANSFORM = re.compile(
+    r"\b(?:simplif\w*|expand\w*|factor(?:s|ed|ing|i[sz]e\w*)?|rationali[sz]\w*|compute|"
+    r"evaluate|calculate)\b",
+    re.IGNORECASE,
+)
+_FACTOR = re.compile(r"\bfactor(?:s|ed|ing|i[sz]e\w*)?\b", re.IGNORECASE)
+
+
+def transform(prompt: str) -> str | None:
+    """``"factor"`` when the prompt asks to factor, ``"other"`` for another transform
+    (simplify, expand, rationalize, compute, evaluate, calculate), None for none."""
+    if _FACTOR.search(prompt):
+        return "factor"
+    return "other" if _TRANSFORM.search(prompt) else None
 
 
 class _Missed(Exception):
@@ -178,12 +201,18 @@ def close_workers() -> None:
             worker.kill()
 
 
-def symbolic_equal(gold: str, pred: str, *, timeout: float) -> tuple[bool | None, str]:
+def symbolic_equal(
+    gold: str, pred: str, *, timeout: float, form: str | None = None
+) -> tuple[bool | None, str]:
     """``(equal, message)`` by math-verify within ``timeout`` seconds: ``equal`` is None
-    when one side does not parse; a timeout or a failed worker is ``(False, why)``."""
+    when one side does not parse; a timeout or a failed worker is ``(False, why)``.
+    ``form`` (``transform``'s answer) asks for the form judgment too."""
+    request: dict = {"gold": gold, "pred": pred}
+    if form is not None:
+        request["factor"] = form == "factor"
     worker = _take()
     try:
-        reply = worker.ask({"gold": gold, "pred": pred}, time.monotonic() + timeout)
+        reply = worker.ask(request, time.monotonic() + timeout)
     except BaseException as exc:
         _done()
         worker.kill()
@@ -193,8 +222,14 @@ def symbolic_equal(gold: str, pred: str, *, timeout: float) -> tuple[bool | None
             return False, "the symbolic comparison failed (its worker ended)"
         raise
     _give_back(worker)
-    if type(reply) is dict and type(reply.get("equal")) in (bool, type(None)) and len(reply) == 1:
+    why = reply.get("why", "not equivalent") if type(reply) is dict else None
+    if (
+        type(reply) is dict
+        and type(reply.get("equal")) in (bool, type(None))
+        and type(why) is str
+        and set(reply) <= {"equal", "why"}
+    ):
         equal = reply["equal"]
-        return equal, "ok" if equal else "not equivalent"
+        return equal, "ok" if equal else why[:120]
     error = reply.get("error") if type(reply) is dict else None
     return False, f"the symbolic comparison failed ({str(error)[:40]})"

@@ -23,8 +23,9 @@ A final statement holding two different answers (``\\boxed{12} or \\boxed{13}``,
 More kinds: ``register_verifier`` from Python, or an entry point in the group
 ``cdscope.verifiers`` (loaded on first use; docs/tasks.md).
 
-``verify_many`` runs every verdict in a pool of ``workers`` threads: a code verdict waits
-on its own sandboxed process and a symbolic comparison on its math-verify worker, so the
+``verify_many`` runs every verdict that can wait (``may_wait``) in a pool of ``workers``
+threads -- a code verdict waits on its own sandboxed process, a symbolic comparison on its
+math-verify worker, a plugin on its own code -- and the rest inline meanwhile, so the
 slow ones of a batch run side by side and the batch takes about ceil(slow / workers) x
 ``timeout``, however they are mixed (they ran one after another before: 8 hostile + 8
 honest symbolic answers, 46 s at the 5 s default). A verdict is ``passed`` plus a short
@@ -49,6 +50,7 @@ file's, would score every completion, and are refused when tasks are loaded.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -57,7 +59,7 @@ from dataclasses import replace
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks.judging.answers import find_final_answer, show
-from cdscope.tasks.judging.logic import LOGIC_CHECKS, check_exact, normalise
+from cdscope.tasks.judging.logic import LOGIC_CHECKS, MULTILINE_KINDS, check_exact, normalise
 from cdscope.tasks.judging.numeric import (
     MAX_DIGITS,
     form_problem,
@@ -118,7 +120,7 @@ def _numeric(task: Task, reference: str, want, text: str) -> Verdict:  # noqa: A
 
 def verify_math(task: Task, completion: str, *, timeout: float = 5.0) -> Verdict:
     """The final answer against the reference: exactly, or by math-verify (module doc)."""
-    from cdscope.tasks.judging.symbolic import symbolic_equal  # workers start only when needed
+    from cdscope.tasks.judging.symbolic import symbolic_equal, transform  # workers on demand
 
     reference = _reference(task)
     found = find_final_answer(completion)
@@ -139,7 +141,7 @@ def verify_math(task: Task, completion: str, *, timeout: float = 5.0) -> Verdict
         return Verdict(passed, message)
     if len(text) > MAX_SYMBOLIC_TEXT or has_long_digit_run(text):
         return Verdict(False, f"expected {show(reference)}, got an answer too long to compare")
-    equal, message = symbolic_equal(reference, text, timeout=timeout)
+    equal, message = symbolic_equal(reference, text, timeout=timeout, form=transform(task.prompt))
     if equal is None:  # one side is not mathematics math-verify reads: compare as text
         passed, message = check_exact(reference, text)
         return Verdict(passed, message)
@@ -159,7 +161,8 @@ def _logic_verifier(kind: str) -> Callable[..., Verdict]:
             return Verdict(False, NO_ANSWER)
         if found.hedged:
             return Verdict(False, HEDGE)
-        passed, message = check(_reference(task), found.text, task.prompt)
+        text = found.block if kind in MULTILINE_KINDS else found.text
+        passed, message = check(_reference(task), text, task.prompt)
         return Verdict(passed, message)
 
     verify_logic.__name__ = f"verify_{kind.replace(':', '_')}"
@@ -222,9 +225,29 @@ def verify_many(
         )
     if workers < 1:
         raise CdscopeError(f"workers must be at least 1, got {workers}")
-    pairs = list(zip(tasks, completions, strict=True))
-    if workers == 1 or len(pairs) < 2:
-        return [verify(task, completion, timeout=timeout) for task, completion in pairs]
-    with ThreadPoolExecutor(max_workers=min(workers, len(pairs))) as pool:
-        futures = [pool.submit(verify, task, text, timeout=timeout) for task, text in pairs]
-        return [future.result() for future in futures]
+    waiting = [i for i, task in enumerate(tasks) if may_wait(task)]
+    verdicts: dict[int, Verdict] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(waiting)))) as pool:
+        futures = {
+            i: pool.submit(verify, tasks[i], completions[i], timeout=timeout) for i in waiting
+        }
+        for index, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
+            if index not in futures:  # the pool works meanwhile
+                verdicts[index] = verify(task, completion, timeout=timeout)
+        verdicts.update({i: future.result() for i, future in futures.items()})
+    return [verdicts[i] for i in range(len(tasks))]
+
+
+def may_wait(task: Task) -> bool:
+    """Whether ``task``'s verdict can wait on something else -- a sandbox (code), a
+    math-verify worker (a math reference that is not one number), a plugin's own code --
+    and so runs in ``verify_many``'s pool; the built-in math and logic checks of a number
+    or a text take microseconds and run inline (a thread hop cost more than they do)."""
+    if task.verifier == "math":
+        return task.answer is None or not _is_number(task.answer)
+    return task.verifier not in LOGIC_CHECKS
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_number(reference: str) -> bool:
+    return read_number(reference) is not None

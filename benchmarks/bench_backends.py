@@ -7,7 +7,7 @@ as it gets; the load average is printed before and after.
    start): the first ``--problems`` problems of the shipped eval sets (round robin over
    benchmarks), n = ``--n``, ``--new-tokens`` each; generated tokens / generate seconds
    (EOS counted, as ``cdscope eval`` counts them). Goal: vllm >= 3x hf.
-2. Agreement at temperature 0.6, n = ``--agree-n`` (16), ``--agree-limit`` problems
+2. Agreement (``--agree-threads``, default 1) at temperature 0.6, n = ``--agree-n`` (16), ``--agree-limit`` problems
    per benchmark: pass@1 and pass@n of each engine over the same problems, verified by
    cdscope's verifiers, with Wilson 95 % intervals over the samples for pass@1; they
    agree when the intervals overlap.
@@ -169,7 +169,9 @@ def main() -> None:
     parser.add_argument("--agree-n", type=int, default=16)
     parser.add_argument("--agree-limit", type=int, default=1)
     parser.add_argument("--greedy-limit", type=int, default=3)
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--threads", default="1,2", help="throughput at these thread counts")
+    parser.add_argument("--agree-threads", type=int, default=1)
+    parser.add_argument("--phases", default="throughput,agreement")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,13 +180,16 @@ def main() -> None:
         print(json.dumps(result))
         return
     report = {"load_before": load_average(), "cpus": os.cpu_count(), "throughput": []}
-    for threads in (int(t) for t in args.threads.split(",")):
+    phases = args.phases.split(",")
+    for threads in (int(t) for t in args.threads.split(",") if "throughput" in phases):
         row = child("throughput", threads, args)
         report["throughput"].append(row)
         print(f"threads {threads}: hf {row['hf']['tokens_per_s']:.1f} tok/s, vllm "
               f"{row['vllm']['tokens_per_s']:.1f} tok/s, ratio {row['ratio']:.2f} "
               f"(goal >= 3; load {load_average()})", flush=True)  # fmt: skip
-    report |= child("agreement", 2, args)
+    if "agreement" not in phases:
+        return
+    report |= child("agreement", args.agree_threads, args)
     report["load_after"] = load_average()
     agree, greedy = report["agreement"], report["greedy"]
     for name in ("hf", "vllm"):

@@ -120,33 +120,33 @@ class FakeServer:
                     count = len(server.requests)
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                try:
-                    self._complete(body, count)
+                try:  # in flight while the answer is made, not while it travels back
+                    answer = self._complete(body, count)
                 finally:
                     with server.lock:
                         server.in_flight -= 1
+                if answer is None:
+                    threading.Thread(target=server.stop, daemon=True).start()
+                    self.close_connection = True
+                    return  # no answer: the connection drops
+                self._send(*answer)
 
-            def _complete(self, body: dict, count: int) -> None:
+            def _complete(self, body: dict, count: int) -> tuple | None:
+                """(status, body, headers) of the answer; None: die without one."""
                 b = server.behaviour
                 if b.delay_s:
                     time.sleep(b.delay_s)
                 if b.die_after is not None and count > b.die_after:
-                    threading.Thread(target=server.stop, daemon=True).start()
-                    self.close_connection = True
-                    return  # no answer: the connection drops
+                    return None
                 if count <= b.fail_first:
                     headers = {"Retry-After": b.retry_after} if b.retry_after else {}
-                    self._send(b.fail_status, {"error": {"message": "overloaded"}}, headers)
-                    return
+                    return b.fail_status, {"error": {"message": "overloaded"}}, headers
                 if b.refuse and b.refuse in body:
-                    self._send(400, {"error": {"message": f"{b.refuse} is not supported"}})
-                    return
+                    return 400, {"error": {"message": f"{b.refuse} is not supported"}}, {}
                 known = [m["id"] for m in b.models]
                 if body.get("model") not in known:
-                    self._send(
-                        404, {"error": {"message": f"model {body.get('model')} does not exist"}}
-                    )
-                    return
+                    message = f"model {body.get('model')} does not exist"
+                    return 404, {"error": {"message": message}}, {}
                 n = int(body.get("n", 1))
                 given = min(n, b.max_choices) if b.max_choices else n
                 choices, tokens = [], 0
@@ -161,7 +161,8 @@ class FakeServer:
                         choice["token_ids"] = list(range(used))
                     choices.append(choice)
                 usage = {"prompt_tokens": 5, "completion_tokens": tokens}
-                self._send(200, {"object": "text_completion", "model": body["model"],
-                                 "choices": choices, "usage": usage})  # fmt: skip
+                answer = {"object": "text_completion", "model": body["model"],
+                          "choices": choices, "usage": usage}  # fmt: skip
+                return 200, answer, {}
 
         return Handler

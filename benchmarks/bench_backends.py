@@ -62,7 +62,7 @@ def engines(temperature: float, per_call: int):  # noqa: ANN201
     from cdscope.core.models import load_model
 
     loaded = load_model(device="cpu", dtype="float32")
-    hf = HFEngine(loaded, temperature, 1.0, None)
+    hf = HFEngine(loaded.model, loaded.tokenizer, temperature, 1.0, None)
     vllm = VLLMEngine(loaded.source, "float32", temperature, 1.0, 0, per_call)
     return hf, vllm
 

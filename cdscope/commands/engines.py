@@ -148,7 +148,9 @@ def open_engine(
     from cdscope.core.engines.hf import HFEngine
 
     loaded = request.options.load(spec, console)
-    engine = HFEngine(loaded, settings.temperature, settings.top_p, settings.batch_size)
+    engine = HFEngine(
+        loaded.model, loaded.tokenizer, settings.temperature, settings.top_p, settings.batch_size
+    )
     return engine, model_record(loaded) | {"engine": engine.describe()}
 
 

@@ -57,7 +57,7 @@ def test_greedy_completions_agree_with_the_hf_backend(engine) -> None:
     """Both engines decode argmax over float32 logits of the same checkpoint; they may
     part where two logits tie within the kernels' rounding (measured: 6 of 6 identical)."""
     loaded = load_model(device="cpu", dtype="float32")
-    hf = HFEngine(loaded, 0.0, 1.0, None)
+    hf = HFEngine(loaded.model, loaded.tokenizer, 0.0, 1.0, None)
     engine.temperature = 0.0
     try:
         ours = [g.texts[0] for g in engine.generate([GenRequest(p, 1, 32, 0) for p in PROMPTS])]

@@ -8,28 +8,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torch import nn
+
 from cdscope.core.engines.base import Generation, GenRequest
 from cdscope.core.generation import sample
-from cdscope.core.models import LoadedModel
 
 
 class HFEngine:
-    """Samples with the loaded model itself (``temperature`` 0: greedy)."""
+    """Samples with ``model`` itself (``temperature`` 0: greedy): a loaded model's, or
+    the one in training (in-training evaluation)."""
 
     per_call = 1
 
     def __init__(
-        self, loaded: LoadedModel, temperature: float, top_p: float, batch_size: int | None
+        self,
+        model: nn.Module,
+        tokenizer: object,
+        temperature: float,
+        top_p: float,
+        batch_size: int | None,
     ) -> None:
-        self.loaded, self.temperature, self.top_p = loaded, temperature, top_p
-        self.batch_size = batch_size
+        self.model, self.tokenizer = model, tokenizer
+        self.temperature, self.top_p, self.batch_size = temperature, top_p, batch_size
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         out = []
         for request in requests:
             rollouts = sample(
-                self.loaded.model,
-                self.loaded.tokenizer,
+                self.model,
+                self.tokenizer,
                 [request.prompt],
                 num_samples=request.n,
                 max_new_tokens=request.max_tokens,

@@ -42,7 +42,7 @@ def problems(limit: int) -> list:
 
 def round_robin(count: int) -> list:
     """``count`` problems, one benchmark after the other (varied prompt lengths)."""
-    from cdscope.tasks.contamination import benchmark_of
+    from cdscope.tasks.io import benchmark_of
 
     by_bench: dict[str, list] = {}
     for task in problems(count):

@@ -177,7 +177,7 @@ def user_errors(func: F) -> F:
 
 
 #: options naming input files, by parameter name: what their readers call them when the
-#: file is missing (core.probes, tasks.format, io.read_parquet, commands.evaluate)
+#: file is missing (core.probes, tasks.io.format, io.read_parquet, commands.evaluate)
 INPUT_FILES = {
     "probe": "probe file", "audit_probe": "probe file", "tasks": "task file",
     "audit_train": "task file", "from_path": "file", "hard": "--hard file",
@@ -188,19 +188,20 @@ def check_inputs(values: dict[str, Any]) -> None:
     """The cheap checks of a command's inputs, before its body imports the model stack
     (torch and transformers take seconds to import, a misspelled path should not):
     every ``--model`` / ``--baseline`` (``core.models.hub.check_model_spec``: paths,
-    directories, GGUF files, hub-id spelling) and every input file named in ``INPUT_FILES``
-    must exist. Only what the readers would refuse anyway is refused here; the readers
+    directories, GGUF files, hub-id spelling; not with ``eval --endpoint``, whose server
+    names its models) and every input file named in ``INPUT_FILES`` must exist. Only what the readers would refuse anyway is refused here; the readers
     still check the contents."""
     from cdscope.core.models.hub import check_model_spec
 
-    for key in ("model", "baseline"):
+    models = () if values.get("endpoint") else ("model", "baseline")  # a server names its own
+    for key in models:
         given = values.get(key)
         for spec in [given] if isinstance(given, str | Path) else given or []:
             check_model_spec(str(spec))
     for key, what in INPUT_FILES.items():
         given = values.get(key)
         for path in [given] if isinstance(given, str | Path) else given or []:
-            text = str(path)  # a task source may end in ?MAPPING (tasks.readers.split_source)
+            text = str(path)  # a task source may end in ?MAPPING (tasks.io.readers.split_source)
             if not (Path(text).exists() or Path(text.partition("?")[0]).exists()):
                 raise CdscopeError(f"{what} not found: {text}")
 

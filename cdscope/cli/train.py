@@ -19,6 +19,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.cli.options import with_settings
+from cdscope.cli.params import key_values
 from cdscope.messages import wrote
 from cdscope.settings.training import TrainConfig
 
@@ -69,7 +70,7 @@ def train_command(  # size: 9 parameters, each one command-line option (Typer re
     (--resume continues exactly); the final model is a Hugging Face folder OUT/final.
     """
     from cdscope.commands.train import run_train
-    from cdscope.tasks.readers import with_mapping
+    from cdscope.tasks.io import with_mapping
 
     explicit = dict(explicit or {})  # the TrainConfig options given
     explicit.update(
@@ -78,7 +79,7 @@ def train_command(  # size: 9 parameters, each one command-line option (Typer re
         probe_files=tuple(str(p) for p in probe or ()),
     )
     if trl_arg:
-        explicit["extra"] = {"trl": _key_values(trl_arg)}
+        explicit["extra"] = {"trl": key_values(trl_arg, "--trl-arg", "use_vllm=true")}
     cfg = TrainConfig().with_preset(preset, explicit)
     result = run_train(cfg, resume=resume, console=err_console)
     if as_json:
@@ -93,21 +94,3 @@ def train_command(  # size: 9 parameters, each one command-line option (Typer re
     wrote(err_console, str(result.out_dir / "log.parquet"))
     if result.final_dir is not None:
         wrote(err_console, str(result.final_dir), "final model")
-
-
-def _key_values(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings -> dict; values parsed as JSON where they are (true, 0.5, ...)."""
-    import json
-
-    from cdscope.errors import CdscopeError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise CdscopeError(f"--trl-arg takes KEY=VALUE (like use_vllm=true); got {item!r}")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out

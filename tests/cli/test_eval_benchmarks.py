@@ -12,11 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cdscope.commands import evaluate as ev
 from cdscope.io import read_parquet, write_parquet
 from cdscope.output.plots import PASSK_DODGE, passk_figure, passk_panels
-from cdscope.tasks.contamination import benchmark_of, benchmark_sources
-from cdscope.tasks.format import load_task_sources
+from cdscope.tasks import load_tasks
+from cdscope.tasks.io import benchmark_of, benchmark_sources, load_task_sources
 from tests.helpers import invoke
 
 GSM8K = [  # GSM8K's own columns: the reference follows '####'
@@ -34,18 +33,21 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def canned(texts: dict[str, list[str]], calls: list[str] | None = None):  # noqa: ANN201
-    """An ``hf_generator`` stand-in answering each problem with ``texts[id]``."""
+def canned(monkeypatch, texts: dict[str, list[str]], sources, calls=None) -> None:  # noqa: ANN001
+    """The hf engine answers each problem of ``sources`` with ``texts[id]`` instead of
+    sampling (``calls``: the ids it was asked for)."""
+    from cdscope.core.engines import Generation, hf
 
-    def make(_loaded, _settings):  # noqa: ANN001, ANN202
-        def generate(task, _prompt, _max_new, _seed):  # noqa: ANN001, ANN202
+    ids = {t.prompt: t.id for t in load_tasks(list(sources))}
+
+    class Canned(hf.HFEngine):
+        def generate(self, requests):  # noqa: ANN001, ANN202
+            asked = [ids[r.prompt] for r in requests]
             if calls is not None:
-                calls.append(task.id)
-            return texts[task.id], [len(t) for t in texts[task.id]]
+                calls.extend(asked)
+            return [Generation(texts[i], [len(t) for t in texts[i]]) for i in asked]
 
-        return generate
-
-    return make
+    monkeypatch.setattr(hf, "HFEngine", Canned)
 
 
 @pytest.fixture
@@ -91,7 +93,7 @@ def test_two_brought_in_files_are_two_benchmarks_everywhere(
     gsm8k, math = two_files
     texts = {"gsm8k/0": ["#### 7", "#### 8"], "gsm8k/1": ["#### 12", "#### 12"],
              "gsm8k/2": ["#### 1", "#### 2"], "math/0": ["\\boxed{32}", "\\boxed{32}"]}  # fmt: skip
-    monkeypatch.setattr(ev, "hf_generator", canned(texts))
+    canned(monkeypatch, texts, two_files)
     out, plot = tmp_path / "o", tmp_path / "passk.png"
     result = invoke("eval", "--model", tiny_model_dir, "--tasks", gsm8k, "--tasks", math,
                     "--n", 2, "--k", 1, "--out", out, "--plot", plot)  # fmt: skip
@@ -133,7 +135,7 @@ def test_resume_of_a_file_from_before_renames_its_rows_and_samples_nothing(
     """A samples file written when both files were one ``math`` benchmark: its problems
     (same contents) are kept and carry today's benchmark names."""
     texts = {f"gsm8k/{i}": ["#### 7"] for i in range(3)} | {"math/0": ["\\boxed{32}"]}
-    monkeypatch.setattr(ev, "hf_generator", canned(texts))
+    canned(monkeypatch, texts, two_files)
     out = tmp_path / "o"
     args = ["eval", "--model", tiny_model_dir, "--tasks", two_files[0], "--tasks", two_files[1],
             "--n", 1, "--k", 1, "--out", out]  # fmt: skip
@@ -141,7 +143,7 @@ def test_resume_of_a_file_from_before_renames_its_rows_and_samples_nothing(
     samples, meta = read_parquet(out / "samples.parquet")
     write_parquet(samples.assign(benchmark="math"), out / "samples.parquet", meta)  # as before
     calls: list[str] = []
-    monkeypatch.setattr(ev, "hf_generator", canned(texts, calls))
+    canned(monkeypatch, texts, two_files, calls)
     again = invoke(*args, "--resume")
     assert again.exit_code == 0, again.output
     assert calls == []  # every problem kept

@@ -7,7 +7,7 @@ A task file is JSONL, one object per line::
      "source": "reasoning_gym:gsm_symbolic:seed=2000:idx=17", "meta": {...}}
 
 Required keys: ``id``, ``family``, ``prompt``, ``verifier`` (non-empty strings). The
-verifier kind names an entry of ``cdscope.tasks.verifiers.VERIFIERS`` and fixes which
+verifier kind names an entry of ``cdscope.tasks.judging.verifiers.VERIFIERS`` and fixes which
 other keys must be present: ``code`` kinds need ``tests`` (a program defining
 ``check(candidate)``) and ``entry_point``; every other kind needs ``answer``. Optional:
 ``source`` (string) and ``meta`` (object). Any other key is an error, so a typo is not
@@ -28,7 +28,7 @@ from typing import Literal
 from cdscope.errors import CdscopeError
 from cdscope.io import atomic_write_bytes, json_record, require_keys
 from cdscope.resources import default_task_dir
-from cdscope.tasks.readers import (
+from cdscope.tasks.io.readers import (
     is_native,
     parse_mapping,
     read_rows,
@@ -36,6 +36,7 @@ from cdscope.tasks.readers import (
     schema_fields,
     split_source,
 )
+from cdscope.tasks.judging import verifier_kinds
 from cdscope.tasks.record import (
     OPTIONAL_KEYS,
     REQUIRED_KEYS,
@@ -43,7 +44,6 @@ from cdscope.tasks.record import (
     is_code_kind,
     required_fields,
 )
-from cdscope.tasks.verifiers import verifier_kinds
 
 FAMILIES = ("math", "code", "logic")
 SPLITS = ("train", "eval")

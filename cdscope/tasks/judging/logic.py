@@ -4,11 +4,13 @@ Each check takes the reference answer, the extracted candidate answer and the ta
 prompt, and returns ``(passed, message)``. The comparisons are structural where the
 answer has structure:
 
-* ``knights_knaves`` -- the set of "<Name> is a/an <role>" assignments must equal the
-  reference's, in any order and with any separators; a name given two roles, or a role
-  hedged as ``knight/knave`` or ``a knight or a knave``, fails.
-* ``syllogism`` -- Yes/No, with true/valid/follows read as Yes and false/invalid as No;
-  an answer naming both ("Yes or No", "yes/no") is a hedge and fails.
+* ``knights_knaves`` -- the roles the answer states (``claims.roles``: "<Name> is a
+  <role>", "is not a <role>", "<Name>: <role>", any case, one line or one name a line)
+  must equal the reference's, in any order; a hedge (a name given two roles,
+  ``knight/knave``, ``a knight (or knave)``, a condition) fails.
+* ``syllogism`` -- Yes/No (``claims.polarity``: the first word, or "It does not follow",
+  "The argument is valid"; the justification after "because" does not count); a hedge
+  ("Yes or No", "yes/no", "Yes, if ...") fails.
 * ``number_sorting`` -- the list of numbers (quoted or not) must equal the reference
   element by element, compared exactly as fractions ("34" equals "34.0").
 * ``shortest_path`` -- "infeasible" or a sequence of up/down/left/right. Several paths
@@ -26,13 +28,14 @@ import re
 from collections import deque
 from fractions import Fraction
 
-from cdscope.tasks.answers import show
-from cdscope.tasks.numeric import MAX_DIGITS, has_long_digit_run
+from cdscope.tasks.judging.answers import show
+from cdscope.tasks.judging.claims import NO_WORDS, YES_WORDS, polarity, role_pair, roles
+from cdscope.tasks.judging.numeric import MAX_DIGITS, has_long_digit_run
 
 Check = tuple[bool, str]
 
-_YES = {"yes", "true", "valid", "follows", "correct"}
-_NO = {"no", "false", "invalid", "not"}
+MULTILINE_KINDS = frozenset({"logic:knights_knaves"})  # answers may give one name a line
+MAX_LINES = 20  # of a multi-line answer read (each read again as lines are added)
 
 
 def normalise(text: str) -> str:
@@ -41,43 +44,15 @@ def normalise(text: str) -> str:
     return " ".join(text.split()).rstrip(".").strip()
 
 
-def _polarity(text: str) -> str | None:
-    words = re.findall(r"[a-z]+", text.casefold())
-    if not words:
-        return None
-    if words[0] in _YES:
-        return "yes"
-    if words[0] in _NO:
-        return "no"
-    return None
-
-
-_HEDGE_POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
-
-
-def _hedged_polarity(text: str) -> bool:
-    """Both a yes-word and a no-word as answers ("Yes or No", "yes/no", "True or False")."""
-    found = {
-        _HEDGE_POLARITY[w]
-        for w in re.findall(r"[a-z]+", text.casefold()[:2000])
-        if w in _HEDGE_POLARITY
-    }
-    return len(found) > 1
-
-
 def check_exact(reference: str, candidate: str, prompt: str = "") -> Check:
-    """Normalised exact match; Yes/No references compare by polarity."""
-    ref_polarity = _polarity(reference) if normalise(reference) in _YES | _NO else None
-    if ref_polarity is not None:
-        if _hedged_polarity(candidate):
-            return False, f"expected {reference}, got both answers (a hedge)"
-        got = _polarity(candidate)
+    """Normalised exact match; Yes/No references compare by polarity (``claims``)."""
+    if normalise(reference) in YES_WORDS | NO_WORDS:
+        want, got = polarity(reference), polarity(candidate)
+        if got == "hedge":
+            return False, f"expected {reference}, got a hedge: {show(candidate)!r}"
         if got is None:
             return False, f"expected {reference}, got {show(candidate)!r}"
-        return (
-            got == ref_polarity,
-            "ok" if got == ref_polarity else f"expected {reference}, got {got}",
-        )
+        return (got == want, "ok" if got == want else f"expected {reference}, got {got}")
     if normalise(reference) == normalise(candidate):
         return True, "ok"
     return False, f"expected {show(reference)!r}, got {show(candidate)!r}"
@@ -87,36 +62,25 @@ def check_syllogism(reference: str, candidate: str, prompt: str = "") -> Check:
     return check_exact(reference, candidate, prompt)
 
 
-_ASSIGNMENT = re.compile(r"\b([A-Za-z][A-Za-z'\-]*)\s+is\s+an?\s+([A-Za-z]+)")
-# "a knight/knave", "a knight or a knave", "either a knight or a knave": a hedged role
-_HEDGED_ROLE = re.compile(
-    r"\bis\s+(?:either\s+)?an?\s+[A-Za-z]+\s*(?:/|\bor\b)\s*(?:an?\s+)?[A-Za-z]+", re.IGNORECASE
-)
-
-
-def assignments(text: str) -> tuple[dict[str, str], str | None]:
-    """``{name: role}`` (both case-folded) stated in ``text``, and the first name given two
-    roles, if any. Words that are not names ("who is a knight") are harmless: only the
-    reference's names are compared."""
-    found: dict[str, str] = {}
-    for name, role in _ASSIGNMENT.findall(text):
-        name, role = name.casefold(), role.casefold()
-        if found.get(name, role) != role:
-            return found, name
-        found[name] = role
-    return found, None
-
-
 def check_knights_knaves(reference: str, candidate: str, prompt: str = "") -> Check:
-    expected, _ = assignments(reference)
+    """The roles stated equal the reference's (``claims.roles``); ``candidate`` may hold
+    one name a line: its first lines (at most ``MAX_LINES``) are read until every
+    reference name has a role."""
+    expected, _ = roles(reference)
     if not expected:
         return check_exact(reference, candidate, prompt)
-    hedge = _HEDGED_ROLE.search(candidate)
+    known = set(expected.values())
+    pair = role_pair(prompt, known)
+    known |= set(pair or ())
+    lines = candidate.split("\n", MAX_LINES)[:MAX_LINES]
+    got: dict[str, str] = {}
+    hedge = None
+    for count in range(1, len(lines) + 1):
+        got, hedge = roles("\n".join(lines[:count]), known, pair)
+        if hedge is not None or all(name in got for name in expected):
+            break
     if hedge is not None:
-        return False, f"a hedged role: {show(hedge.group())!r}"
-    got, conflict = assignments(candidate)
-    if conflict is not None:
-        return False, f"{conflict} is given two roles"
+        return False, f"a hedge: {hedge}"
     for name, role in expected.items():
         if name not in got:
             return False, f"no role stated for {name}"
@@ -128,24 +92,40 @@ def check_knights_knaves(reference: str, candidate: str, prompt: str = "") -> Ch
 _DECIMAL = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 
-def numbers(text: str) -> list[Fraction] | None:
-    """Every decimal number in ``text`` in order, exactly; None when one has more than
+def number_tokens(text: str) -> list[str] | None:
+    """Every decimal number in ``text`` in order, as written; None when one has more than
     ``MAX_DIGITS`` digits (bounded work: a huge number is a wrong answer, not an error)."""
     if has_long_digit_run(text):
         return None
-    return [Fraction(tok) for tok in _DECIMAL.findall(text.replace("\u2212", "-"))]
+    return _DECIMAL.findall(text.replace("\u2212", "-"))
+
+
+def numbers(text: str) -> list[Fraction] | None:
+    """``number_tokens`` read exactly (None as there)."""
+    tokens = number_tokens(text)
+    return None if tokens is None else [Fraction(tok) for tok in tokens]
 
 
 def check_number_sorting(reference: str, candidate: str, prompt: str = "") -> Check:
-    expected, got = numbers(reference) or [], numbers(candidate)
-    if got is None:
+    expected, tokens = numbers(reference) or [], number_tokens(candidate)
+    if tokens is None:
         return False, f"a number of over {MAX_DIGITS} digits"
-    if len(got) != len(expected):
-        return False, f"expected {len(expected)} numbers, got {len(got)}"
+    if len(tokens) != len(expected):  # counted before any is read: 50k numbers cost 0.6 s
+        return False, f"expected {len(expected)} numbers, got {len(tokens)}"
+    got = [Fraction(tok) for tok in tokens]
     for index, (want, have) in enumerate(zip(expected, got, strict=True)):
         if want != have:
-            return False, f"position {index + 1}: expected {float(want):g}, got {float(have):g}"
+            return False, f"position {index + 1}: expected {_shown(want)}, got {_shown(have)}"
     return True, "ok"
+
+
+def _shown(value: Fraction) -> str:
+    """``value`` for a message: ``%g`` where a float holds it, else its first digits (a
+    310-digit number overflows ``float`` and raised out of the reward step before)."""
+    try:
+        return f"{float(value):g}"
+    except OverflowError:
+        return show(str(value), 24)
 
 
 _MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

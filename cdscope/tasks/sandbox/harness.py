@@ -13,7 +13,7 @@ child and sees only the inputs of each call; the verdict is decided here.
    the entry point's name is bound to a ``RemoteCandidate`` and ``check(candidate)`` is
    called -- the HumanEval harness, so property-style tests (``abs(f(x)) < tol``) work.
 3. Each call sends its arguments as plain data and gets plain data back (the tagged
-   format of ``sandbox_child``): decoded into exact built-in types, so no object of the
+   format of ``child``): decoded into exact built-in types, so no object of the
    program's reaches the tests (no always-equal ``__eq__``, no monkeypatched builtins --
    the program's builtins are its own process's). A value that is not plain data, a
    malformed frame, a dead child or the deadline fail the verdict through ``_Broken``,
@@ -24,7 +24,7 @@ child and sees only the inputs of each call; the verdict is decided here.
    called the candidate at least once.
 
 Care taken in this process (the tests are trusted, the values are not): decoding is
-bounded (``sandbox_child`` limits); one wall-clock deadline covers the child's start-up
+bounded (``child`` limits); one wall-clock deadline covers the child's start-up
 and every call; the child is killed afterwards. The tests' ``random`` is a private
 instance seeded with 0, so the caller's global RNG state is untouched (training resumes
 stay bit-exact) and verdicts of randomised tests are reproducible. Arguments are copies:
@@ -33,23 +33,25 @@ a test that expects the candidate to mutate its argument in place cannot pass.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import functools
 import importlib.util
 import re
+import threading
+import time
 from types import CodeType
 
 from cdscope.errors import CdscopeError
-from cdscope.tasks import sandbox_child as wire
 from cdscope.tasks.record import PROGRAM_KIND, Task
-from cdscope.tasks.sandbox import (
+from cdscope.tasks.sandbox import child as wire
+from cdscope.tasks.sandbox.layers import (
     SandboxClosed,
     SandboxProcess,
     SandboxTimeout,
     start_candidate,
 )
-from cdscope.tasks.sandbox_process import how_it_ended
-from cdscope.tasks.sanitize import with_stub_body
+from cdscope.tasks.sandbox.process import how_it_ended
 
 MAX_MESSAGE = 300  # of a candidate's exception message passed to the tests
 _ENDED = "\0ended"  # placeholder: the child's own last words are known after close()
@@ -141,6 +143,35 @@ class RemoteCandidate:
         raise self._broken("the candidate answered with a malformed frame")
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse(source)``, one parse at a time in this process. CPython 3.11 keeps the
+    AST constructor's recursion depth in interpreter-wide state, so two threads parsing at
+    once (``verify_many``'s code verdicts) could fail an honest program with ``SystemError:
+    AST constructor recursion depth mismatch`` (python/cpython#106905). A parse that meets
+    it anyway -- another library's thread parsing beside it -- is tried once more."""
+    with _PARSE_LOCK:
+        try:
+            return ast.parse(source)
+        except SystemError:
+            return ast.parse(source)
+
+
+def with_stub_body(prompt: str) -> str:
+    """``prompt``, or with ``pass`` as the body of its trailing bare ``def`` line when it
+    does not parse alone (a prompt that is only a signature); unchanged when neither
+    parses."""
+    for source in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
+        try:
+            parse_python(source)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        return source
+    return prompt
+
+
 @functools.lru_cache(maxsize=512)
 def _compile(source: str, filename: str) -> CodeType:
     return compile(source, filename, "exec")
@@ -210,7 +241,11 @@ def _judge(task: Task, child: SandboxProcess, candidate: RemoteCandidate) -> tup
     namespace[task.entry_point] = candidate
     try:
         exec(tests, namespace)
+    except _Broken:  # tests that call the candidate at import: its failure, not theirs
+        return False, candidate.failure
     except Exception as exc:
+        if candidate.failure:
+            return False, candidate.failure
         raise _task_error(task, "tests", exc) from None
     check = namespace.get("check")
     if not callable(check):
@@ -229,15 +264,24 @@ def _judge(task: Task, child: SandboxProcess, candidate: RemoteCandidate) -> tup
     return True, "ok"
 
 
-def run_check(task: Task, program: str, *, timeout: float) -> tuple[bool, str]:
+def run_check(
+    task: Task, program: str, *, timeout: float, deadline: float | None = None
+) -> tuple[bool, str]:
     """``(passed, message)``: ``task``'s ``check`` run here against ``program``'s entry
-    point running in the sandbox (see the module docstring)."""
+    point running in the sandbox (see the module docstring). ``deadline`` (``time.monotonic``
+    seconds; default ``timeout`` from now) is the verdict's: what the caller spent before
+    (reading the program) is not given to the child again."""
     if not task.entry_point:
         raise CdscopeError(f"task {task.id!r}: a code task needs 'tests' and 'entry_point'")
+    left = (time.monotonic() + timeout if deadline is None else deadline) - time.monotonic()
+    if left <= 0:
+        return False, f"timeout after {timeout:.1f}s (before the program started)"
     try:
-        child = start_candidate(program, task.entry_point, timeout=timeout)
+        child = start_candidate(program, task.entry_point, timeout=left)
     except (SandboxClosed, SandboxTimeout):  # it ended before reading its settings
         return False, "the sandbox child could not start (it ended before reading its settings)"
+    except wire.WireError as exc:  # the program's settings frame is over MAX_FRAME
+        return False, f"the program cannot be sent to the sandbox ({exc})"
     try:
         passed, message = _judge(task, child, RemoteCandidate(child, timeout))
     finally:

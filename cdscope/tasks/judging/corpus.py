@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from cdscope.tasks.numeric import read_number
+from cdscope.tasks.judging.numeric import read_number
 from cdscope.tasks.record import Task, is_code_kind
 
 REASONING = (
@@ -57,6 +57,10 @@ def statement_formats(answer: str) -> dict[str, str]:
         "minerva": f"{body}Final Answer: The final answer is ${answer}$. I hope it is correct.",
         "next line": f"{body}Final answer:\n\n{answer}\n",
         "math span": f"{body}Answer: \\({answer}\\)",
+        "heading": f"{body}**Final Answer**\n {answer}",
+        "double braces": f"{body}\\boxed{{{{{answer}}}}}",
+        "empty box after": f"{body}\\boxed{{{answer}}}\n\nThat is all. \\boxed{{}}",
+        "tick box after": f"{body}\\boxed{{{answer}}}\n\nChecked: \\boxed{{\\checkmark}}",
     }
 
 
@@ -71,10 +75,13 @@ def _number_spellings(answer: str) -> dict[str, str]:
         out["latex frac"] = f"\\boxed{{{sign}\\frac{{{abs(num)}}}{{{abs(den)}}}}}"
         out["dfrac"] = f"The answer is $\\dfrac{{{num}}}{{{den}}}$."
         out["parenthesised"] = f"Answer: ({num})/({den})"
+        out["left right"] = f"\\boxed{{\\left(\\frac{{{num}}}{{{den}}}\\right)}}"
+        out["cfrac"] = f"\\boxed{{\\cfrac{{{num}}}{{{den}}}}}"
     elif value.value.denominator == 1 and abs(value.value) >= 1000:
         out["thousands"] = f"The answer is {int(value.value):,}."
     elif value.value.denominator == 1:
         out["decimal zero"] = f"\\boxed{{{int(value.value)}.0}}"
+        out["degrees"] = f"\\boxed{{{int(value.value)}^\\circ}}"
     return out
 
 
@@ -121,22 +128,67 @@ def _prompt_copies(task: Task) -> dict[str, str]:
     return out
 
 
+def _knights_parts(answer: str) -> list[str]:
+    return [p.strip() for p in re.split(r",?\s*\band\s+|,", answer) if p.strip()]
+
+
+def _logic_right(task: Task, answer: str) -> dict[str, str]:
+    """The spellings of a logic answer that scored 0 before issue 38."""
+    kind, out = task.verifier, {}
+    if kind == "logic:knights_knaves":
+        parts = _knights_parts(answer)
+        roles = list(dict.fromkeys(re.findall(r" is an? (\w+)", task.prompt)))[:2]
+        out["caps"] = f"Answer: {answer.upper()}"
+        out["labelled"] = "Answer: " + ", ".join(re.sub(r" is an? ", ": ", p) for p in parts)
+        out["one per line"] = "Answer:\n" + "\n".join(parts)
+        if len(roles) == 2:
+            out["negated"] = "Answer: " + " and ".join(
+                re.sub(
+                    rf" is an? ({roles[0]}|{roles[1]})\b",
+                    lambda m: f" is not a {_other(roles, m.group(1))}",
+                    p,
+                )
+                for p in parts
+            )
+    elif kind == "logic:syllogism":
+        yes = answer.strip().lower() == "yes"
+        out["in words"] = "Answer: It follows." if yes else "Answer: It does not follow."
+        out["because"] = (
+            f"Answer: {answer}, because the premises do not say it is {'false' if yes else 'true'}."
+        )
+    return {f"right:{label}": text for label, text in out.items()}
+
+
+def _other(pair: list[str], role: str) -> str:
+    return pair[1] if role == pair[0] else pair[0]
+
+
 def _logic_wrong(task: Task, answer: str) -> dict[str, str]:
     kind, out = task.verifier, {}
     if kind == "logic:knights_knaves":
         roles = list(dict.fromkeys(re.findall(r" is an? (\w+)", task.prompt)))[:2]
         first = re.search(r" is an? (\w+)", answer)
         if first is not None and len(roles) == 2:
-            other = roles[1] if first.group(1) == roles[0] else roles[0]
+            other = _other(roles, first.group(1))
             out["wrong:flipped role"] = re.sub(
                 rf" is an? {first.group(1)}", f" is a {other}", answer, count=1
             )
             out["hedge:slash"] = re.sub(
                 rf" is an? {first.group(1)}", f" is a {roles[0]}/{roles[1]}", answer, count=1
             )
+            out["hedge:or in parentheses"] = re.sub(
+                rf" is an? {first.group(1)}",
+                f" is a {first.group(1)} (or {other})",
+                answer,
+                count=1,
+            )
+        parts = _knights_parts(answer)
+        if len(parts) == 2:
+            out["hedge:conditional"] = f"{parts[0]} if {parts[1]}"
     elif kind == "logic:syllogism":
         out["wrong:opposite"] = "No" if answer.strip().lower() == "yes" else "Yes"
         out["hedge:both"] = "Yes or No" if answer.strip().lower() == "yes" else "No or Yes"
+        out["hedge:conditional"] = f"{answer}, if the premises hold"
     elif kind == "logic:number_sorting":
         items = re.findall(r"-?\d+(?:\.\d+)?", answer)
         if len(set(items)) > 1:
@@ -154,11 +206,16 @@ def _answer_cases(task: Task) -> dict[str, str]:
     if task.verifier == "logic:syllogism":
         right["right:lower case"] = f"Answer: {answer.lower()}"
     if task.verifier == "logic:knights_knaves":
-        parts = [p.strip() for p in re.split(r",?\s*\band\s+|,", answer) if p.strip()]
-        right["right:reordered"] = "Answer: " + " and ".join(reversed(parts))
+        right["right:reordered"] = "Answer: " + " and ".join(reversed(_knights_parts(answer)))
+    right.update(_logic_right(task, answer))
     if task.verifier == "logic:number_sorting":
         right["right:unquoted"] = "Answer: " + answer.replace("'", "")
     right.update({f"right:{k}": v for k, v in _number_spellings(answer).items()})
+    fraction = re.search(r"fraction\s+\$?(\d+)\s*/\s*(\d+)", task.prompt)
+    reduced = read_number(answer)
+    if fraction is not None and reduced is not None and reduced.parts is not None:
+        num, den = reduced.parts  # the prompt's fraction = the reduced one
+        right["right:equation"] = f"Answer: {fraction.group(1)}/{fraction.group(2)} = {num}/{den}"
     wrong: dict[str, str] = {"none:no statement": REASONING + "I am not sure."}
     if task.verifier == "math" and read_number(answer) is not None:
         other = _other_number(answer)
@@ -168,6 +225,8 @@ def _answer_cases(task: Task) -> dict[str, str]:
         wrong["hedge:or"] = f"Answer: {answer} or {other}"
         wrong["hedge:or first wrong"] = f"Answer: {other} or {answer}"
         wrong["wrong:huge number"] = "Answer: " + "9" * 5000
+        wrong["hedge:pi tail"] = f"\\boxed{{{answer}\\pi}}"
+        wrong["hedge:minus one"] = f"Answer: {answer} minus one"
     wrong.update(_logic_wrong(task, answer))
     want = read_number(answer)
     for label, text in _prompt_copies(task).items():
@@ -225,6 +284,15 @@ def _code_cases(task: Task, body: str) -> dict[str, str]:
             f"from collections import Counter\n\nUNUSED_SCALE = 1\n\n{impl}\n\n"
             f"def {entry}({params}):\n    return {helper}({call})\n\n\n"
             f'if __name__ == "__main__":\n    print({entry})\n```\n\nThe helper does the work.'
+        )
+        out["right:helper in an earlier block"] = (
+            f"First a helper:\n\n```python\n{impl}```\n\nThen the function:\n\n"
+            f"```python\ndef {entry}({params}):\n    return {helper}({call})\n```\n"
+        )
+        out["right:table filled by a loop"] = (
+            f"```python\n{impl}\n\nSOLVERS = {{}}\nfor name in ['main']:\n"
+            f"    SOLVERS[name] = {helper}\n\n\n"
+            f"def {entry}({params}):\n    return SOLVERS['main']({call})\n```\n"
         )
     out["wrong:returns None"] = f"```python\n{task.prompt}    return None\n```"
     out["copy:the prompt"] = task.prompt

@@ -1,8 +1,8 @@
 """One sandboxed child process: how it is started (the layers' command line and the
 minimal root's mount script) and how frames are exchanged with it under a deadline.
 
-``cdscope.tasks.sandbox`` describes the layers and decides which work here; this module
-only carries out a given ``Layers``. Frames are ``sandbox_child``'s wire format.
+``layers`` describes the layers and decides which work here; this module
+only carries out a given ``Layers``. Frames are ``child``'s wire format.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdscope.resources import default_probe_dir, default_task_dir
-from cdscope.tasks import sandbox_child as wire
+from cdscope.tasks.sandbox import child as wire
 
 NOBODY = 65534
 MAX_OUTPUT_BYTES = 64 * 1024  # of stdout/stderr kept for the result
-_BOOTSTRAP = Path(__file__).with_name("sandbox_child.py")
+_BOOTSTRAP = Path(__file__).with_name("child.py")
 _UNSHARE = ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")
 MOUNT_WORKDIR = "/cdscope-work"  # inside the minimal root; its own tmpfs
 _ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -39,7 +39,7 @@ def data_dirs() -> list[str]:
     """The shipped data -- pools and task sets, whose code tests are what a candidate must
     never read -- wherever this install keeps it (package data, or ``$CDSCOPE_*``)."""
     found = {str(folder().resolve()) for folder in (default_task_dir, default_probe_dir)}
-    found.add(str(Path(__file__).resolve().parents[1] / "data"))
+    found.add(str(Path(__file__).resolve().parents[2] / "data"))
     return sorted(p for p in found if os.path.isdir(p))
 
 
@@ -246,8 +246,12 @@ class SandboxProcess:
 
     def receive(self) -> object:
         """The child's next frame (SandboxTimeout, SandboxClosed or wire.WireError). The
-        deadline covers parsing too: a frame read in time but parsed after it is late."""
-        message = wire.unpack(self._read(wire.frame_length(self._read(4))))
+        deadline covers parsing too: a frame read after it is not parsed, one parsed after
+        it is late, and what one parse may cost is bounded (``wire.MAX_VALUES``)."""
+        body = self._read(wire.frame_length(self._read(4)))
+        if time.monotonic() > self.deadline:
+            raise SandboxTimeout
+        message = wire.unpack(body, max_values=wire.MAX_VALUES)
         if time.monotonic() > self.deadline:
             raise SandboxTimeout
         return message

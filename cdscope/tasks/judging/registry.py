@@ -13,21 +13,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks.record import Task
 
 ENTRY_POINT_GROUP = "cdscope.verifiers"
+VERIFIER_ERROR = "verifier error"  # the reason's prefix when judging raised
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether the completion passed, and a short reason."""
+    """Whether the completion passed, and a short reason; ``seconds``: how long the
+    verdict took, from the start of ``verify`` (not part of a verdict's identity)."""
 
     passed: bool
     message: str
+    seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def crashed(self) -> bool:
+        """Whether judging raised (the completion scored 0 for it: ``verifiers.verify``)."""
+        return not self.passed and self.message.startswith(VERIFIER_ERROR + ": ")
 
 
 VERIFIERS: dict[str, Callable[..., object]] = {}

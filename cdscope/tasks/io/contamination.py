@@ -213,7 +213,7 @@ def reference_sets(
 ) -> dict:
     """The audit's reference sets: train tasks and probe pools, the shipped ones by default."""
     from cdscope.core.probes import load_pool
-    from cdscope.tasks import default_task_paths, load_tasks
+    from cdscope.tasks.io.format import default_task_paths, load_tasks
 
     train = load_tasks(list(train_paths) if train_paths else default_task_paths("train"))
     pool = load_pool(list(probe_paths) if probe_paths else None)

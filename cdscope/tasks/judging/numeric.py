@@ -4,17 +4,27 @@
 spelling, which the form rule of "simplify" tasks needs:
 
 * integers and decimals, with thousands separators (``1,234``, ``1{,}234``, ``1\\,234``),
-  a sign (also ``−``), currency signs, an ``x = `` prefix and trailing units or words
-  (``12 apples``, ``5 \\text{cm}``, ``%``);
+  a sign (also ``−``), currency signs, degrees (``90^\\circ``, ``90°``), parentheses
+  around the whole (``\\left(\\frac{3}{4}\\right)``), trailing units or words (``12
+  apples``, ``5 \\text{cm}``, ``%``), and the last side of an equation (``x = 5``,
+  ``880/1594 = 440/797``: the sides that are numbers must agree, and a side holding
+  ``,``, ``;``, "or", "and" or "either" is no equation but a list or a hedge);
 * fractions in every spelling: ``a/b``, ``(a)/(b)``, ``\\frac{a}{b}``, ``\\dfrac``,
-  ``\\tfrac``, ``\\frac12``, ``a \\over b``, ``-\\frac{a}{b}``, ``a/b exactly``;
+  ``\\tfrac``, ``\\cfrac``, ``\\frac12``, ``a \\over b``, ``-\\frac{a}{b}``, ``a/b exactly``;
 * scientific notation: ``1.5e3``, ``1.5 \\times 10^{3}``, ``1.5 \\cdot 10^3``, ``1.5×10³``
   written with ``^``, ``1.5*10**3``.
 
-Text holding a second number (``12 or 13``, ``3 1/2``, ``7 - 4 + 2``) is not *a* number.
+Text holding a second number (``12 or 13``, ``3 1/2``, ``7 - 4 + 2``) is not *a* number,
+nor is a number followed by more mathematics (``tail_problem``): a LaTeX command
+(``2\\pi``, ``\\frac{1}{2}\\pi``), an operator (``3+\\pi``, ``5!``, ``x^``), a variable
+glued on or after it (``4x``, ``5i``, ``2 x``), or a word that says an operation, a
+number or a doubt (``42 minus one``, ``42 or so``). A reference like ``2\\pi`` was read as
+its leading 2 before, so ``\\boxed{2}`` passed for 2π.
 No floats: ``0.1000000001`` is not ``0.1``. Every read is bounded: a digit run longer than
-``MAX_DIGITS`` or an exponent beyond ``MAX_EXPONENT`` is not a number (a 5,000-digit
-answer is a wrong answer, never an exception), and the work is linear in the text.
+``MAX_DIGITS`` -- counted with its thousands separators and LaTeX spacing removed, as
+they are when it is read -- or an exponent beyond ``MAX_EXPONENT`` is not a number (a
+5,000-digit answer is a wrong answer, never an exception), and the work is linear in
+the text.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import gcd
 
-from cdscope.tasks.answers import clean_answer
+from cdscope.tasks.judging.answers import clean_answer
 
 MAX_DIGITS = 1000  # a longer digit run is not a number
 MAX_EXPONENT = 1000  # |e| in 10^e
@@ -40,12 +50,27 @@ _FRACTION = re.compile(
     rf"\s*(?P<d>{_NUM})\s*\)?"
 )
 _PLAIN = re.compile(rf"(?P<sign>[-+]?)\s*(?P<n>{_NUM})")
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*(?:\{([^{}]*)\}|(\d))\s*(?:\{([^{}]*)\}|(\d))")
+_LATEX_FRAC = re.compile(r"\\[dtc]?frac\s*(?:\{([^{}]*)\}|(\d))\s*(?:\{([^{}]*)\}|(\d))")
 _OVER = re.compile(r"^\{?\s*([^{}]*?)\s*\\over\s*([^{}]*?)\s*\}?$")
 _TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox|textit|mathit|operatorname)\s*\{([^{}]*)\}")
-_LEADING_NAME = re.compile(r"^[A-Za-z]\w{0,20}\s*=\s*")
 _SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
-_SPACES = ("\\,", "\\!", "\\;", "\\:", "\\ ", "~", "\\left", "\\right")
+_SPACES = ("\\,", "\\!", "\\;", "\\:", "\\ ", "~", "\\left", "\\right", "\\qquad", "\\quad")
+_DEGREES = ("^{\\circ}", "^\\circ", "\\circ", "\\degree", "°")
+_RELATIONS = ("<", ">", "!=", "==", "≠", "≤", "≥", "≈")  # no equation chain with these
+_NOT_AN_EQUATION = re.compile(r"[,;]|\b(?:or|and|either)\b", re.IGNORECASE)
+_OPERATORS = frozenset("\\+-*/^=×÷·√π∞±<>!")
+_BETWEEN_LETTERS = re.compile(r"(?<=[A-Za-z])[-/](?=[A-Za-z])")  # km/h, one-way
+_WORD = re.compile(r"[A-Za-z]+")
+_NOT_A_UNIT_WORDS = (  # operation, number and doubt words: 42 minus one, 42 or so
+    "plus minus times divided over multiplied add added subtract subtracted less more squared "
+    "cubed root power sqrt pi or either maybe perhaps zero one two three four five six seven "
+    "eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen "
+    "nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million "
+    "billion trillion half halves third thirds quarter quarters"
+)
+_NOT_A_UNIT = frozenset(_NOT_A_UNIT_WORDS.split())
+_VARIABLES = frozenset("xyznike")  # a lone letter after a number: 2 x, 5 i
+_GLUED_VARIABLES = frozenset("abcdeijknpqrtuvwxyz")  # glued on: 4x, 5i, 2e (not 5m, 3s)
 _DIGIT_RUN = re.compile(r"\d+")
 _SIMPLIFY = re.compile(
     r"simplif|lowest terms|simplest form|reduced form|reduce the fraction|irreducible",
@@ -73,24 +98,38 @@ class Number:
 
 
 def normalise_number_text(text: str) -> str:
-    """The answer text with LaTeX fractions as ``(a)/(b)``, wrappers and spacing removed."""
+    """The answer text with LaTeX fractions as ``(a)/(b)``, wrappers and spacing removed,
+    and every run of whitespace one space (so the patterns below, whose ``\\s*`` meet on
+    either side of optional tokens, cannot backtrack over 19,000 spaces: 4-18 s a verdict
+    before)."""
     s = clean_answer(text)
+    for degree in _DEGREES:
+        s = s.replace(degree, "")
     s = _TEXT.sub(r" \1", s).translate(_SUPERSCRIPTS)
     s = s.replace("{,}", ",").replace("\u2212", "-").replace("\u2013", "-")
     for space in _SPACES:
         s = s.replace(space, "" if space in ("\\,", "\\!", "\\left", "\\right") else " ")
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "%").replace("\\cdotp", ".")
     s = _LATEX_FRAC.sub(lambda m: f"({m.group(1) or m.group(2)})/({m.group(3) or m.group(4)})", s)
-    over = _OVER.match(s.strip())
+    s = " ".join(s.split())  # one space at most: every \s* below then matches 0 or 1
+    over = _OVER.match(s)
     if over is not None:
         s = f"({over.group(1)})/({over.group(2)})"
-    s = re.sub(r"[€£¥₹]", "", s).strip()
-    return _LEADING_NAME.sub("", s)
+    return " ".join(re.sub(r"[€£¥₹]", "", s).split())
 
 
 def has_long_digit_run(text: str) -> bool:
     """Whether ``text`` holds a run of more than ``MAX_DIGITS`` digits (one linear scan)."""
     return any(m.end() - m.start() > MAX_DIGITS for m in _DIGIT_RUN.finditer(text))
+
+
+def has_long_number(text: str) -> bool:
+    """Whether ``text`` states a number of more than ``MAX_DIGITS`` digits, thousands
+    separators (``1,000``, ``1{,}000``, ``1\\,000``) and LaTeX spacing not counted as
+    breaks: ``read_number`` reads no such number."""
+    if len(text) > MAX_TEXT:
+        return has_long_digit_run(text)
+    return has_long_digit_run(normalise_number_text(text).replace(",", ""))
 
 
 def _decimal(text: str) -> Fraction:
@@ -109,11 +148,68 @@ def read_number(text: str) -> Number | None:
     if len(text) > MAX_TEXT or has_long_digit_run(text):
         return None
     s = normalise_number_text(text)
-    number, end = _match(s)
-    rest = s[end:]
-    if number is None or re.search(r"\d", rest) or rest.lstrip().startswith(("!", "^")):
-        return None  # a second number ("12 or 13", "3 1/2", "7 - 4 + 2"), "5!", "x^"
+    if has_long_digit_run(s.replace(",", "")):  # 1,000,...: 1{,}000: 1\,000 joined
+        return None
+    *earlier, last = _sides(s)
+    number = _one_number(last)
+    if number is None:
+        return None
+    for side in earlier:  # "880/1594 = 440/797" agrees; "42 = 43" states two numbers
+        other = _one_number(side)
+        if other is not None and other.value != number.value:
+            return None
     return number
+
+
+def _sides(s: str) -> list[str]:
+    """The sides of an equation chain ``a = b = c`` (``[s]`` when it is none)."""
+    if "=" not in s or any(r in s for r in _RELATIONS):
+        return [s]
+    sides = s.split("=")
+    if not sides[-1].strip() or any(_NOT_AN_EQUATION.search(p) for p in sides[:-1]):
+        return [s]
+    return sides
+
+
+def _one_number(s: str) -> Number | None:
+    s = _without_outer_parens(s.strip())
+    number, end = _match(s)
+    return None if number is None or tail_problem(s[end:]) else number
+
+
+def _without_outer_parens(s: str) -> str:
+    """``s`` without parentheses that wrap all of it (``((3)/(4))`` -> ``(3)/(4)``)."""
+    while s.startswith("(") and s.endswith(")") and _closing(s) == len(s) - 1:
+        s = s[1:-1].strip()
+    return s
+
+
+def _closing(s: str) -> int:
+    """The index of the ``)`` that closes ``s``'s first ``(`` (-1 when none does)."""
+    depth = 0
+    for index, char in enumerate(s):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return index
+    return -1
+
+
+def tail_problem(rest: str) -> bool:
+    """Whether the text after a number makes the whole more than one number (module
+    docstring): a digit, a LaTeX command or operator, a variable, or an operation, number
+    or doubt word. Units and plain words (``12 apples``, ``5 cm``, ``60 km/h``) are fine."""
+    if not rest.strip():
+        return False
+    if any(c.isdigit() for c in rest):
+        return True
+    if any(c in _OPERATORS for c in _BETWEEN_LETTERS.sub("", rest)):
+        return True
+    if rest[0].isalpha():  # glued on: 4x, 5i
+        glued = _WORD.match(rest)
+        if glued is not None and glued.group().casefold() in _GLUED_VARIABLES:
+            return True
+    words = [w.casefold() for w in _WORD.findall(rest)]
+    return any(w in _NOT_A_UNIT or w in _VARIABLES for w in words)
 
 
 def _match(s: str) -> tuple[Number | None, int]:

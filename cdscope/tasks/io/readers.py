@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from cdscope.errors import CdscopeError
 from cdscope.io import jsonl_lines
-from cdscope.tasks.answers import find_final_answer
+from cdscope.tasks.judging import find_final_answer
 from cdscope.tasks.record import PROGRAM_KIND, Task
 
 FIELDS = ("id", "prompt", "answer", "tests", "entry_point")

@@ -8,7 +8,7 @@ task's candidate) it sends ``{"ready": true}`` and answers each request ``{"a": 
 "k": kwargs}`` with ``{"r": value}``, ``{"x": [exception type, message]}`` or ``{"bad":
 why}`` (not plain data) until stdin closes. Nothing here decides a verdict: the child
 holds no secret, and any frame it writes the program could have written itself; the
-parent (``cdscope.tasks.harness``) runs the tests and only takes plain data back.
+parent (``cdscope.tasks.sandbox.harness``) runs the tests and only takes plain data back.
 Frames go to a descriptor of their own; the program's stdout/stderr go to log files.
 
 Wire format (imported by the parent too): a 4-byte big-endian length, then ASCII JSON.
@@ -16,7 +16,8 @@ Values are tagged so types survive: ``None``, ``bool``, ``int``, ``float`` (nan/
 ``str``, ``list`` as themselves; ``{"t": [...]}`` tuple, ``{"s": [...]}`` set, ``{"f":
 [...]}`` frozenset, ``{"d": [[k, v], ...]}`` dict. Only those exact types encode (an
 always-equal ``int`` subclass is not data); decoding never runs user code and is bounded
-(``MAX_FRAME``, ``MAX_DEPTH``, ``MAX_HASHED``, ``MAX_SAME_HASH`` -- no set or dict is
+(``MAX_FRAME``, ``MAX_VALUES`` counted before parsing, ``MAX_DEPTH``, ``MAX_HASHED``,
+``MAX_SAME_HASH`` -- no set or dict is
 built before its elements' hashes are checked --, Python's 4300-digit int limit, and a
 deadline checked while decoding). Standard
 library only, never imports cdscope (the child may run another interpreter, in a root
@@ -37,6 +38,7 @@ import types
 _monotonic = time.monotonic
 
 MAX_FRAME = 8 * 1024 * 1024
+MAX_VALUES = 1 << 18  # JSON values in a frame the parent parses (a reply)
 MAX_DEPTH = 64
 MAX_HASHED = 4096  # set elements / dict keys per value
 MAX_SAME_HASH = 16  # elements sharing one hash: bounds hash-collision work in the parent
@@ -192,8 +194,15 @@ def frame_length(header):
     return length
 
 
-def unpack(body):
-    """The JSON message of a frame body (WireError when it is not valid JSON)."""
+def unpack(body, max_values=None):
+    """The JSON message of a frame body (WireError when it is not valid JSON). With
+    ``max_values``, a body holding more JSON values than that -- counted from its commas
+    and openings before anything is parsed, an upper bound -- is refused unparsed: an
+    8 MiB frame of ``[],[],…`` took the parent a second and 200 MiB to parse."""
+    if max_values is not None:
+        values = body.count(b",") + body.count(b"[") + body.count(b"{") + 1
+        if values > max_values:
+            raise WireError(f"a frame of more than {max_values} values")
     try:
         return json.loads(body.decode("ascii"))
     except (ValueError, RecursionError) as exc:

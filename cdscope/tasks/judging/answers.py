@@ -3,11 +3,16 @@
 ``find_final_answer`` reads the formats models write, in this order of precedence:
 
 1. **Boxed** -- the completion's *last* ``\\boxed{...}`` or ``\\fbox{...}`` whose braces
-   close (nested braces allowed; ``\\{`` and ``\\}`` are literal braces, not groups).
-   Two *different* boxes on that box's line are a hedge (``\\boxed{12} or \\boxed{13}``).
+   close (nested braces allowed; ``\\{`` and ``\\}`` are literal braces, not groups) and
+   that holds an answer: an empty box or one holding only a mark (``\\checkmark``,
+   ``\\blacksquare``, ``QED``, ...) after it is no answer and is skipped. Two *different*
+   boxes on that box's line are a hedge (``\\boxed{12} or \\boxed{13}``).
 2. **An answer statement** -- the last of ``Answer:``, ``Final answer:``, ``The (final)
-   answer is``, ``**Answer:**`` (any case, bold allowed around the marker) and the GSM8K
-   ``#### N``: the rest of its line, or the next non-empty line when the rest is empty.
+   answer is``, ``**Answer:**`` (any case, bold allowed around the marker), a heading line
+   holding only "Answer" or "Final Answer" (``**Final Answer**``, ``## Final Answer``) and
+   the GSM8K ``#### N``: the rest of its line, or the next non-empty line when the rest is
+   empty (``FinalAnswer.block`` also holds the lines that follow, up to a blank line: one
+   name per line).
    When that text starts with a math span (``$...$``, ``\\(...\\)``, ``\\[...\\]``) only
    the span is taken (Minerva's "The final answer is $42$. I hope it is correct.").
 3. Otherwise there is no final answer.
@@ -15,12 +20,14 @@
 "Last" rather than "first": a completion that rambles on into a new question and answers
 that one is scored on what it said last. The answer text is cleaned by ``clean_answer``:
 markdown bold/italics/code, surrounding ``$``/``\\(\\)``/``\\[\\]``, a wrapping
-``\\text{}``/``\\textbf{}``/``\\mathrm{}``/``\\mathbf{}``/``\\mbox{}`` and trailing
-punctuation (``. , ;``; not ``!``, a factorial) are removed.
+``\\text{}``/``\\textbf{}``/``\\mathrm{}``/``\\mathbf{}``/``\\mbox{}``, a brace group
+around the whole (``\\boxed{{r}}``) and trailing punctuation (``. , ;``; not ``!``, a
+factorial) are removed.
 
 Every step is linear in the completion's length: braces are matched in one pass with a
 stack (56k characters of unclosed ``\\boxed{`` cost one scan, not one scan per box), and
-the regular expressions have no nested quantifiers.
+no regular expression here backtracks over a run of one character class more than once
+(tested at 100k characters of every hostile shape, ``tests/tasks/test_deadlines.py``).
 """
 
 from __future__ import annotations
@@ -30,11 +37,22 @@ from dataclasses import dataclass
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
-_MARKER = re.compile(
-    r"(?:\b(?:final\s+)?answer\b(?:\s*(?:\*\*|__))?\s*(?:is\b\s*:?|:)|####)", re.IGNORECASE
+# a heading line of its own ("**Final Answer**", "## Answer:"); possessive runs: its
+# [ \t]* meet around optional tokens and would backtrack over a line of spaces
+_HEADING = (
+    r"^[ \t]*+(?:\#{1,6}[ \t]*+)?(?:\*\*|__)?[ \t]*+(?:final[ \t]++)?answer[ \t]*+:?[ \t]*+"
+    r"(?:\*\*|__)?[ \t]*+:?[ \t]*+$"
 )
+_MARKER = re.compile(
+    rf"(?:{_HEADING}|\b(?:final\s+)?answer\b(?:\s*(?:\*\*|__))?\s*(?:is\b\s*:?|:)|####)",
+    re.IGNORECASE | re.MULTILINE,
+)
+_MARKS = frozenset(
+    ["\\checkmark", "\\blacksquare", "\\square", "\\Box", "\\qed", "QED", "Q.E.D", "∎", "✓", "✔"]
+)  # what a box may hold that is no answer (a proof's end, a tick)
+MAX_BLOCK_LINES = 20
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
-_HOPE = re.compile(r"\s*I hope it is correct\.?\s*$", re.IGNORECASE)
+_HOPE = "i hope it is correct"  # Minerva's closing sentence, any case
 _WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mbox|textit|mathit)\s*\{")
 _TRAILING = ".,;"  # not "!": a factorial
 
@@ -47,6 +65,11 @@ class FinalAnswer:
     end: int  # index just past the line (or closing brace) holding the answer
     how: str  # "boxed" | "answer is"
     hedged: bool = False  # two different answers in the final statement
+    block: str = ""  # a statement's text and the lines after it, up to a blank line
+
+    def __post_init__(self) -> None:
+        if not self.block:
+            object.__setattr__(self, "block", self.text)
 
 
 def matching_braces(text: str) -> dict[int, int]:
@@ -84,6 +107,8 @@ def clean_answer(text: str) -> str:
             if text.startswith(left) and text.endswith(right):
                 text = text[len(left) : -len(right)].strip()
         text = _unwrap(text)
+        if text.startswith("{") and matching_braces(text).get(0) == len(text) - 1:
+            text = text[1:-1].strip()  # \boxed{{r}}
         text = text.rstrip(_TRAILING).rstrip()
         if text == before:
             break
@@ -95,21 +120,19 @@ def _boxed(completion: str) -> FinalAnswer | None:
     if not opens:
         return None
     pairs = matching_braces(completion)
-    closed = [(m, pairs[m.end() - 1]) for m in opens if m.end() - 1 in pairs]
-    if not closed:
+    closed = [
+        (m, pairs[m.end() - 1], clean_answer(completion[m.end() : pairs[m.end() - 1]]))
+        for m in opens
+        if m.end() - 1 in pairs
+    ]
+    answers = [(m, close, text) for m, close, text in closed if text and text not in _MARKS]
+    if not answers:
         return None
-    last, close = closed[-1]
-    text = clean_answer(completion[last.end() : close])
-    if not text:
-        return None
+    last, close, text = answers[-1]
     line_start = completion.rfind("\n", 0, last.start()) + 1
     line_end = completion.find("\n", close)
     line_end = len(completion) if line_end < 0 else line_end
-    same_line = {
-        clean_answer(completion[m.end() : c])
-        for m, c in closed
-        if line_start <= m.start() and c < line_end
-    }
+    same_line = {t for m, c, t in answers if line_start <= m.start() and c < line_end}
     return FinalAnswer(text, close + 1, "boxed", hedged=len(same_line) > 1)
 
 
@@ -137,9 +160,29 @@ def _statement(completion: str) -> FinalAnswer | None:
     if span is not None:
         text = next(g for g in span.groups() if g is not None)
     else:
-        text = _HOPE.sub("", text)
+        text = _without_hope(text)
     text = clean_answer(text)
-    return FinalAnswer(text, end, "answer is") if text else None
+    return FinalAnswer(text, end, "answer is", block=_block(completion, start)) if text else None
+
+
+def _block(completion: str, start: int) -> str:
+    """The lines from ``start`` up to a blank line (at most ``MAX_BLOCK_LINES``), cleaned."""
+    lines = []
+    for line in completion[start : start + 4000].split("\n")[:MAX_BLOCK_LINES]:
+        if not line.strip():
+            break
+        lines.append(clean_answer(line))
+    return "\n".join(lines)
+
+
+def _without_hope(text: str) -> str:
+    """``text`` without a trailing "I hope it is correct." (string operations: the regex
+    it replaces, ``\\s*I hope…$``, backtracked quadratically over a run of spaces)."""
+    stripped = text.rstrip()
+    bare = stripped[:-1] if stripped.endswith(".") else stripped
+    if bare[-len(_HOPE) :].casefold() == _HOPE:
+        return bare[: -len(_HOPE)].rstrip()
+    return text
 
 
 def find_final_answer(completion: str) -> FinalAnswer | None:

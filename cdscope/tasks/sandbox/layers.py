@@ -19,7 +19,7 @@ Layers, outermost first (``sandbox_layers()`` says which are active on this mach
    capability dropped (``setpriv``; without CAP_SYS_CHROOT and with no ``/proc`` the
    chroot cannot be left). Task files, the repository, home directories and the
    parent's ``/proc`` are simply not there. This is the layer that *isolates files*:
-   code tasks (``cdscope.tasks.harness``) run only where it works.
+   code tasks (``cdscope.tasks.sandbox.harness``) run only where it works.
 5. **Resource limits** set by the child's bootstrap before the program starts: CPU
    seconds, address space (``memory_mb``), file size, open files, no new processes,
    no core dumps.
@@ -31,7 +31,7 @@ Layers, outermost first (``sandbox_layers()`` says which are active on this mach
    changes whose symlink-resolved target is outside the work dir, ``dir_fd``
    arguments and descriptors of directories, and reads under ``/proc`` and ``/sys``.
 
-The child talks to the parent in frames (``sandbox_child``) over a descriptor of its
+The child talks to the parent in frames (``child``) over a descriptor of its
 own; its stdout/stderr go to capped log files. No layer here decides a verdict: code
 verdicts are the harness's, which keeps the tests in this process. What the layers do
 not protect against is documented in docs/tasks.md (kernel exploits, CPU-cache side
@@ -52,9 +52,9 @@ from pathlib import Path
 
 from cdscope.errors import CdscopeError
 from cdscope.resources import default_task_dir
-from cdscope.tasks import sandbox_child as wire
 from cdscope.tasks.record import Task, is_code_kind
-from cdscope.tasks.sandbox_process import (
+from cdscope.tasks.sandbox import child as wire
+from cdscope.tasks.sandbox.process import (
     ENV_PATH,
     MAX_OUTPUT_BYTES,
     MOUNT_WORKDIR,
@@ -273,7 +273,7 @@ def start_candidate(
     program: str, entry_point: str, *, timeout: float, memory_mb: int = 512
 ) -> SandboxProcess:
     """A child that runs ``program`` and then serves calls of ``entry_point`` (frames in
-    ``sandbox_child``); only where the files-isolating layer works (CdscopeError else)."""
+    ``child``); only where the files-isolating layer works (CdscopeError else)."""
     layers = _check_settings(timeout, memory_mb)
     ok, reason = code_sandbox_available()
     if not ok:

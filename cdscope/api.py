@@ -128,11 +128,13 @@ def measure(
     batch_size: int | None = None,
     progress: bool = True,
     granularity: str = SUBLAYER,
+    probe_split: str = "all",
 ) -> pd.DataFrame:
     """C, F and l_m of one model or a list of models on probe seeds ``0..seeds-1`` (or the
     given seeds), ``n`` items per family: one row per (model, seed, family, gate), the
     schema of ``cdscope probe``'s Parquet; its metadata is in ``frame.attrs["cdscope"]``.
-    ``granularity``: sublayer | head | expert | neuron (docs/granularity.md)."""
+    ``granularity``: sublayer | head | expert | neuron (docs/granularity.md);
+    ``probe_split``: all | train | audit, the half of the pool drawn from (docs/probes.md)."""
     from cdscope.commands.probe import collect_control
     from cdscope.commands.requests import ProbeRun
 
@@ -143,8 +145,9 @@ def measure(
             raise CdscopeError(f"seeds must be at least 1, got {seeds}")
         seeds = range(seeds)
     settings = ProbeSettings(
-        tuple(int(s) for s in seeds), n, template, estimator, batch_size, granularity=granularity
-    )
+        tuple(int(s) for s in seeds), n, template, estimator, batch_size,
+        granularity=granularity, probe_split=probe_split,
+    )  # fmt: skip
     console = make_console(quiet=not progress)
     frame, metadata = collect_control(ProbeRun(models, load_pool(probe), settings), console)
     frame.attrs["cdscope"] = metadata

@@ -62,7 +62,8 @@ COLUMNS: dict[str, pa.DataType] = {
     "same_asserts": INT, "max_jaccard": FLOAT, "max_pair": STRING,
     # train: log.parquet (both backends)
     "step": INT, "reward": FLOAT, "kl": FLOAT, "grad_norm_backbone": FLOAT, "lr": FLOAT,
-    "completion_tokens": INT, "b_shared_before": FLOAT, "r_before": FLOAT,
+    "completion_tokens": INT, "skipped_fraction": FLOAT, "b_shared_before": FLOAT,
+    "r_before": FLOAT,
     "b_shared_after_update": FLOAT, "b_shared_after": FLOAT, "r_after": FLOAT,
     "r_regularizer": FLOAT, "proj_iters": INT, "rollout_s": FLOAT, "backbone_s": FLOAT,
     "measure_s": FLOAT, "regularizer_s": FLOAT, "projection_s": FLOAT, "step_s": FLOAT,

@@ -99,7 +99,13 @@ class TrainConfig:
     micro_batch_size: int = setting(  # completions per backbone forward/backward
         8, "--micro-batch-size", "Completions per backbone forward (memory)."
     )
-    rollout_batch_size: int | None = None  # prompts per generate call (None: all)
+    rollout_batch_size: int | None = None  # rows per generate call (None: all)
+    plain_step: bool = setting(
+        False,
+        "--plain-step",
+        "The slow twin of the GRPO step: every row forwarded and backpropagated on its own, "
+        "each prompt prefilled G times (same gradient; for tests and benchmarks).",
+    )
     probe_batch_size: int | None = None  # probe rows per forward (None: 1 on CPU, all on GPU)
     verify_timeout: float = 5.0
     verify_workers: int = 2

@@ -224,7 +224,7 @@ RESUME_FIXED = (
     "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
     "template", "seed", "micro_batch_size", "rollout_batch_size",
     "probe_batch_size", "verify_timeout", "dtype", "attn", "backend", "granularity",
-    "sharding", "activation_checkpointing",
+    "sharding", "activation_checkpointing", "plain_step",
 )  # fmt: skip
 
 

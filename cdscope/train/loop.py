@@ -5,9 +5,11 @@ One step t (both arms identical except where marked):
 1. prompts: ``prompts_per_step`` tasks from a seeded, stateless data order
    (``step_task_indices``: epoch e is the permutation ``default_rng([seed, e])``), so the
    order depends on (seed, t) only — the same for both arms and after ``--resume``;
-2. rollouts: ``generation.sample`` with G samples per prompt and seed (seed, t);
+2. rollouts: ``generation.sample`` with G samples per prompt and seed (seed, t), each
+   prompt prefilled once for its G rows where that is exact (``--plain-step``: per row);
 3. rewards: ``train.run.score`` (the verifiers: passed -> 1.0 else 0.0);
-4. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches; a
+4. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches
+   (``grpo.backbone_backward``: the lean step, or with ``--plain-step`` its slow twin); a
    non-finite loss stops the run;
 5. ``CDRFTStep.before_update``: the probe measurement B_shared / R at theta (both arms,
    logged; carried over from the previous step's closing measurement), [cdrft]
@@ -226,6 +228,7 @@ def _one_step(
             seed=rollout_seed(cfg.seed, step),
             batch_size=cfg.rollout_batch_size,
             top_p=cfg.top_p,
+            share_prefill=not cfg.plain_step,
         )
     expected = torch.arange(len(chosen)).repeat_interleave(cfg.group_size)
     if not torch.equal(rollouts.prompt_index, expected):  # groups must be consecutive rows
@@ -250,6 +253,9 @@ def _one_step(
         micro_batch_size=cfg.micro_batch_size,
         share=shards.share(len(rollouts.texts)),
         scale=float(shards.world),
+        # sharded: every rank must run the same forwards (FSDP's collectives), so no
+        # rank may skip rows the others run: the plain step
+        plain=cfg.plain_step or shards.sharded,
     )
     loss, kl = shards.total([stats.loss, stats.kl])
     backbone_s = time.perf_counter() - t
@@ -272,6 +278,7 @@ def _one_step(
         "grad_norm_backbone": grad_norm,
         "lr": lr,
         "completion_tokens": stats.tokens,
+        "skipped_fraction": stats.skipped_fraction,
         **cd.log_fields({"rollout_s": rollout_s, "backbone_s": backbone_s}),
         "step_s": time.perf_counter() - began,
     }

@@ -27,13 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from rich.console import Console
 
 from cdscope.analysis.passk import check_ks, summarize
 from cdscope.commands.requests import EvalRequest
 from cdscope.commands.workflow import distinct_models, load_record, model_record
+from cdscope.core.evaluation import Generator, problem_samples, select
+from cdscope.core.evaluation import hf_generator as model_generator
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet, partial_path
@@ -41,7 +42,7 @@ from cdscope.io import check_writable, content_hash, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.resume import resume_state
 from cdscope.settings import EvalSettings
-from cdscope.tasks.contamination import audit, benchmark_of, items_from_tasks, reference_sets
+from cdscope.tasks.contamination import audit, items_from_tasks, reference_sets
 from cdscope.tasks.sandbox import require_sandbox_for
 
 COMPLETION_COLUMNS = [
@@ -64,27 +65,6 @@ class EvalResult:
     passk: pd.DataFrame
     stats: pd.DataFrame  # per model: problems, samples, tokens, tokens/s, verify share, empty
     metadata: dict
-
-
-def problem_seed(seed: int, problem_id: str) -> int:
-    """The generation seed of one problem: a function of (run seed, problem id) only."""
-    digest = hashlib.sha256(problem_id.encode()).digest()
-    words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
-    return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def select(tasks: Sequence, limit: int | None) -> list[tuple[object, str]]:
-    """(task, benchmark) for the first ``limit`` tasks of each benchmark, in file order."""
-    if limit is not None and limit < 1:
-        raise CdscopeError(f"--limit must be >= 1, got {limit}")
-    taken: dict[str, int] = {}
-    out = []
-    for task in tasks:
-        bench = benchmark_of(task.id, task.family, task.meta)
-        if limit is None or taken.get(bench, 0) < limit:
-            taken[bench] = taken.get(bench, 0) + 1
-            out.append((task, bench))
-    return out
 
 
 def eval_outputs(
@@ -159,28 +139,9 @@ def check_backend(backend: str) -> None:
         )
 
 
-Generator = Callable[[object, str, int, int], tuple[list[str], list[int]]]
-
-
 def hf_generator(loaded: object, settings: EvalSettings) -> Generator:
     """(prompt, max_new_tokens, seed) -> n completions and their token counts, via HF."""
-    from cdscope.core.generation import sample
-
-    def generate(_task: object, prompt: str, max_new: int, seed: int):  # noqa: ANN202
-        r = sample(
-            loaded.model,  # type: ignore[attr-defined]
-            loaded.tokenizer,  # type: ignore[attr-defined]
-            [prompt],
-            num_samples=settings.n,
-            max_new_tokens=max_new,
-            temperature=settings.temperature,
-            seed=seed,
-            batch_size=settings.batch_size,
-            top_p=settings.top_p,
-        )
-        return r.texts, r.completion_mask.sum(dim=1).tolist()
-
-    return generate
+    return model_generator(loaded.model, loaded.tokenizer, settings)  # type: ignore[attr-defined]
 
 
 def vllm_generator(loaded: object, settings: EvalSettings) -> Generator:  # pragma: no cover
@@ -201,22 +162,6 @@ def vllm_generator(loaded: object, settings: EvalSettings) -> Generator:  # prag
         return [o.text for o in out], [len(o.token_ids) for o in out]
 
     return generate
-
-
-def _score(tasks: list, texts: list[str], settings: EvalSettings) -> list[tuple[bool, str]]:
-    from cdscope.tasks import verify_many
-
-    todo = [i for i, t in enumerate(texts) if t.strip()]
-    verdicts = verify_many(
-        [tasks[i] for i in todo],
-        [texts[i] for i in todo],
-        timeout=settings.timeout,
-        workers=settings.workers,
-    )
-    out = [(False, "empty completion")] * len(texts)
-    for i, v in zip(todo, verdicts, strict=True):
-        out[i] = (bool(v.passed), v.message)
-    return out
 
 
 def evaluate(
@@ -331,36 +276,11 @@ class _Sampler:
         self, spec: str, task: object, bench: str, generate: Callable, record: dict
     ) -> None:
         """``n`` completions of one problem, verified, as rows; ``record`` counts them."""
-        settings = self.request.settings
-        t0 = time.perf_counter()
-        texts, counts = generate(
-            task,
-            task.prompt,
-            settings.tokens_for(task.family),
-            problem_seed(settings.seed, task.id),
-        )
-        t1 = time.perf_counter()
-        verdicts = _score([task] * len(texts), texts, settings)
-        record["generate_s"] += t1 - t0
-        record["verify_s"] += time.perf_counter() - t1
-        record["tokens"] += int(sum(counts))
-        record["samples"] += len(texts)
-        record["empty"] += sum(not t.strip() for t in texts)
-        self.frames.append(
-            pd.DataFrame(
-                dict(
-                    model=spec,
-                    benchmark=bench,
-                    domain=task.family,
-                    problem_id=task.id,
-                    sample=np.arange(len(texts)),
-                    completion=texts,
-                    passed=[v[0] for v in verdicts],
-                    message=[v[1] for v in verdicts],
-                    generated_tokens=np.asarray(counts, dtype=np.int64),
-                )
-            )
-        )
+        frame, cost = problem_samples(spec, task, bench, generate, self.request.settings)
+        for key in ("generate_s", "verify_s", "tokens", "empty"):
+            record[key] += cost[key]
+        record["samples"] += len(frame)
+        self.frames.append(frame)
 
     def write(self, outputs: FileSet) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Write samples and pass@k into ``outputs``; the chosen models' and problems'

@@ -6,18 +6,31 @@ Prints medians over R repetitions and the ratio sample / plain (target >= 0.9).
 
     .venv/bin/python benchmarks/bench_generation.py [--prompts 8] [--samples 4]
         [--new-tokens 64] [--reps 3] [--temperature 0.6]
+
+``--backends`` (run from .venv-vllm: ``make setup-vllm``) compares the eval engines
+instead, ``--backend hf`` and ``--backend vllm``, on the embedded model in float32
+(benchmarks/bench_backends.py):
+
+    .venv-vllm/bin/python benchmarks/bench_generation.py --backends [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
 
 
 def main() -> None:
+    if "--backends" in sys.argv:
+        from bench_backends import main as backends
+
+        sys.argv.remove("--backends")
+        backends()
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4)

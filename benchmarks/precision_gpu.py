@@ -69,20 +69,32 @@ def _sync(device: torch.device) -> None:
 def measure(spec: str, dtype: str, attn: str, device: str, seeds: int, n: int, reps: int) -> dict:
     """K, C per seed, median C and forward times, peak memory of ``spec`` in one kernel."""
     loaded = load_model(spec, device=device, dtype=dtype, attn=attn)
+    result = measure_loaded(loaded, seeds, n, reps)
+    del loaded
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def measure_loaded(  # noqa: ANN001
+    loaded, seeds: int, n: int, reps: int, batch_size: int | None = None
+) -> dict:
+    """``measure`` on a model already loaded (gpu_check's headline reuses it); C in
+    ``batch_size`` rows per forward (None: the whole probe, the GPU default)."""
     arch = architecture_of(loaded.model)
     dev = loaded.device
     pool = load_pool()
     result: dict = {"K": arch.K, "proof_dtype": arch.proof.dtype, "C": [], "B_shared": []}
     c_times, f_times = [], []
     for seed in range(seeds):
-        batch = encode_probe(draw_probe(pool, seed, n), loaded.tokenizer)
+        batch = encode_probe(draw_probe(pool, seed, n), loaded.tokenizer).to(dev)
         with GatedModel(loaded.model) as gm:
             for rep in range(reps if seed == 0 else 1):
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
                 _sync(dev)
                 start = time.perf_counter()
-                control = control_autograd(gm, batch, batch_size=None)
+                control = control_autograd(gm, batch, batch_size=batch_size)
                 _sync(dev)
                 c_times.append(time.perf_counter() - start)
                 if dev.type == "cuda" and rep == 0 and seed == 0:
@@ -100,15 +112,40 @@ def measure(spec: str, dtype: str, attn: str, device: str, seeds: int, n: int, r
                 f_times.append(time.perf_counter() - start)
     result["C_s"] = statistics.median(c_times)
     result["forward_s"] = statistics.median(f_times)
-    del loaded
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return result
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     return float(cos.min())
+
+
+def compare_kernels(
+    spec: str, kernels: list[str], device: str, seeds: int, n: int, reps: int
+) -> list[dict]:
+    """One row per ``dtype:attn`` kernel: ``measure``'s figures without C, and for every
+    kernel after a float32 one its B_shared difference (points) and worst C-row cosine."""
+    rows, reference = [], None
+    for kernel in kernels:
+        dtype, attn = kernel.split(":")
+        try:
+            got = measure(spec, dtype, attn, device, seeds, n, reps)
+        except CdscopeError as exc:
+            rows.append({"kernel": kernel, "refused": str(exc)})
+            print(f"{spec} {kernel}: {exc}", flush=True)
+            continue
+        reference = got if dtype == "float32" else reference
+        row = {"kernel": kernel, **{k: v for k, v in got.items() if k != "C"}}
+        if reference is not None and reference is not got:
+            row["B_shared_vs_fp32_points"] = [
+                100 * (b - r) for b, r in zip(got["B_shared"], reference["B_shared"], strict=True)
+            ]
+            row["C_cosine_vs_fp32"] = min(
+                _cosine(c, r) for c, r in zip(got["C"], reference["C"], strict=True)
+            )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def main() -> None:
@@ -127,31 +164,10 @@ def main() -> None:
         if not args.no_large:
             models["random Qwen2 1.5B"] = str(random_large(Path(tmp) / "large"))
         for name, spec in models.items():
-            reference = None
-            for kernel in args.kernels:
-                dtype, attn = kernel.split(":")
-                try:
-                    got = measure(spec, dtype, attn, args.device, args.seeds, args.n, args.reps)
-                except CdscopeError as exc:
-                    rows.append({"model": name, "kernel": kernel, "refused": str(exc)})
-                    print(f"{name} {kernel}: {exc}", flush=True)
-                    continue
-                reference = got if dtype == "float32" else reference
-                row = {
-                    "model": name,
-                    "kernel": kernel,
-                    **{k: v for k, v in got.items() if k != "C"},
-                }
-                if reference is not None and reference is not got:
-                    row["B_shared_vs_fp32_points"] = [
-                        100 * (b - r)
-                        for b, r in zip(got["B_shared"], reference["B_shared"], strict=True)
-                    ]
-                    row["C_cosine_vs_fp32"] = min(
-                        _cosine(c, r) for c, r in zip(got["C"], reference["C"], strict=True)
-                    )
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            for row in compare_kernels(
+                spec, args.kernels, args.device, args.seeds, args.n, args.reps
+            ):
+                rows.append({"model": name, **row})
     print(f"\ndevice: {torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}")
     print(
         "| model | kernel | K | B_shared per seed | vs fp32 (pt) | C cos vs fp32 | C s | fwd s | peak GiB |"

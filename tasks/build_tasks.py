@@ -58,8 +58,8 @@ from solvers import SOLVERS, Reject, answer_line  # noqa: E402
 sys.path.insert(0, str(HERE))
 from build_curriculum import build_curriculum  # noqa: E402  (tasks/ is not a package)
 
-from cdscope.tasks.format import Task, dumps_tasks  # noqa: E402
-from cdscope.tasks.verifiers import verify  # noqa: E402
+from cdscope.tasks import Task, verify  # noqa: E402
+from cdscope.tasks.io import dumps_tasks  # noqa: E402
 
 FORMAT_VERSION = 1
 TRAIN_PER_GENERATOR = 32  # 4 generators -> 128 tasks per family

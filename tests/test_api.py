@@ -136,6 +136,7 @@ def test_plot_writes_the_cli_figure(in_memory, pool_file, tmp_path) -> None:
         "B_shared_C",
         "B_shared_F",
         "B_shared_C_unbiased",
+        "gram_negative_mass",  # the corrected measure never comes without it (issue 36)
     }
     cdscope.plot(result, tmp_path / "a.svg")
     assert (tmp_path / "a.svg").read_text().startswith("<?xml")

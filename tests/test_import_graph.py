@@ -1,11 +1,18 @@
 """The package's import graph, read from the source with ``ast`` (nothing is imported).
 
-Two rules (issue #18, "one place per fact"):
+The rules (issue #18, "one place per fact"; the tiers of docs/ARCHITECTURE.md; issue #38's
+packages with one face):
 
 * no cycle among cdscope modules, counting imports inside functions too (a lazy import
   for startup speed is fine; one that only dodges a cycle is not);
 * no module imports a private name (``_x``) from another module: what modules share is
-  public, so it has one owner and one name.
+  public, so it has one owner and one name;
+* no upward import between tiers;
+* a package with one face (``FACED``) is entered only through it: modules outside it import
+  the package, never its modules.
+
+A package face whose names load on first use (``cdscope.lazy.lazy_exports``: the module
+names in its ``_EXPORTS``) imports those modules as far as these rules are concerned.
 
 ``if TYPE_CHECKING:`` blocks are left out: they never run.
 """
@@ -66,11 +73,29 @@ def absolute(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
+def lazy_targets(tree: ast.Module, known: dict[str, Path]) -> set[str]:
+    """The modules a lazy face names in its ``_EXPORTS`` (every string in that assignment
+    that is a cdscope module)."""
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets):
+                found |= {
+                    c.value
+                    for c in ast.walk(node)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in known
+                }
+    return found
+
+
 def edges(known: dict[str, Path]) -> dict[str, set[str]]:
-    """importer -> the cdscope modules it imports (``from pkg import mod`` counts mod)."""
+    """importer -> the cdscope modules it imports (``from pkg import mod`` counts mod; a
+    lazy face imports the modules of its ``_EXPORTS``)."""
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        graph[name] |= lazy_targets(tree, known) - {name}
         for node in import_nodes(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -166,9 +191,10 @@ def test_the_checker_finds_a_cycle_and_a_private_import(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("importer", "is_package", "level", "module", "expected"),
     [
-        ("cdscope.tasks.format", False, 1, "record", "cdscope.tasks.record"),
-        ("cdscope.tasks", True, 1, "format", "cdscope.tasks.format"),
-        ("cdscope.tasks.format", False, 2, "io", "cdscope.io"),
+        ("cdscope.tasks.io.format", False, 1, "readers", "cdscope.tasks.io.readers"),
+        ("cdscope.tasks.io", True, 1, "format", "cdscope.tasks.io.format"),
+        ("cdscope.tasks.io.format", False, 2, "record", "cdscope.tasks.record"),
+        ("cdscope.tasks.io.format", False, 3, "io", "cdscope.io"),
     ],
 )
 def test_relative_imports_resolve(
@@ -182,6 +208,9 @@ def test_relative_imports_resolve(
 #: the tiers below it, never one above (the ground floor is cdscope's top-level modules;
 #: the gates (vocabulary and sites: what a gate is, where it hooks) sit below model loading,
 #: whose proof installs them, and model loading below the rest of core;
+#: the tasks sit above core (the contamination audit reads probe pools), in the order of
+#: their packages: the Task record, the sandbox, judging (code verdicts use the sandbox),
+#: task I/O (reading a task file checks its verifier kind), then the tasks face;
 #: the developer tools, which measure with the whole stack, sit above everything, so no
 #: library module may import them)
 TIERS = (
@@ -193,7 +222,12 @@ TIERS = (
     ("analysis", ("cdscope.analysis",)),
     ("gates", ("cdscope.core.gates",)),
     ("models", ("cdscope.core.models",)),
-    ("core", ("cdscope.core", "cdscope.tasks")),
+    ("core", ("cdscope.core",)),
+    ("task record", ("cdscope.tasks.record",)),
+    ("sandbox", ("cdscope.tasks.sandbox",)),
+    ("judging", ("cdscope.tasks.judging",)),
+    ("task io", ("cdscope.tasks.io",)),
+    ("tasks", ("cdscope.tasks",)),
     ("output", ("cdscope.output",)),
     ("train", ("cdscope.train",)),
     ("integrations", ("cdscope.integrations",)),
@@ -255,5 +289,49 @@ def test_tier_check_can_fail() -> None:
     assert upward_imports({"cdscope.core.eap": {"cdscope.tools.tiny"}, "cdscope.tools.tiny": set()})
     assert tier_of("cdscope.core.models.loading") < tier_of("cdscope.core.control")
     assert tier_of("cdscope.commands.probe") > tier_of("cdscope.output.frames")
+    assert tier_of("cdscope.tasks.sandbox.harness") < tier_of("cdscope.tasks.judging.code")
+    assert tier_of("cdscope.tasks.judging") < tier_of("cdscope.tasks.io.format")
+    assert upward_imports({"cdscope.tasks.sandbox.harness": {"cdscope.tasks.judging"}})
     with pytest.raises(AssertionError):
         tier_of("elsewhere.module")
+
+
+#: packages entered only through their face (issue #38: "how an answer is judged" in one
+#: place, behind one door)
+FACED = ("cdscope.tasks.sandbox", "cdscope.tasks.judging", "cdscope.tasks.io")
+
+
+def past_the_face(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module inside a faced package from a module outside it."""
+    return sorted(
+        f"{importer} imports {target} (use {package})"
+        for importer, targets in graph.items()
+        for target in targets
+        for package in FACED
+        if target.startswith(package + ".")
+        and not importer.startswith(package + ".")
+        and importer != package
+    )
+
+
+def test_faced_packages_are_entered_through_their_face() -> None:
+    offences = past_the_face(edges(modules()))
+    assert not offences, offences
+
+
+def test_face_check_can_fail() -> None:
+    inside = {"cdscope.tasks.judging.code": {"cdscope.tasks.sandbox.harness"}}
+    assert past_the_face(inside) == [
+        "cdscope.tasks.judging.code imports cdscope.tasks.sandbox.harness "
+        "(use cdscope.tasks.sandbox)"
+    ]
+    assert not past_the_face({"cdscope.tasks.judging.code": {"cdscope.tasks.sandbox"}})
+    assert not past_the_face({"cdscope.tasks.sandbox.harness": {"cdscope.tasks.sandbox.layers"}})
+
+
+def test_lazy_faces_count_as_imports() -> None:
+    """A lazy face's names are its imports: without them the tier and cycle checks would
+    not see what ``from cdscope.tasks import verify`` loads."""
+    graph = edges(modules())
+    assert "cdscope.tasks.judging.verifiers" in graph["cdscope.tasks.judging"]
+    assert "cdscope.core.models.loading" in graph["cdscope.core.models"]

@@ -42,6 +42,19 @@ probability
     power(S) = P(|T| > t_{1-alpha/2, S-1}),   T ~ noncentral t(df = S-1, nc = Delta sqrt(S) / sd),
 
 and ``seeds_needed`` is the smallest S >= 2 with power(S) >= the target (0.8 by default).
+Delta is a *stated* target effect (the audits' ``--detect``, the replication's
+pre-registered effect), never the observed mean difference: power computed at the
+observed effect is a function of the p-value and says nothing the test did not.
+
+The SD it is computed from is itself an estimate from S_0 values. For normal data,
+(S_0 - 1) s^2 / sigma^2 ~ chi^2_{S_0 - 1}, so
+
+    sigma in [ s sqrt((S_0-1) / chi^2_{(1+level)/2, S_0-1}),  s sqrt((S_0-1) / chi^2_{(1-level)/2, S_0-1}) ]
+
+with probability ``level`` (``sd_interval``), and since seeds_needed grows with sd, the
+seeds needed at the two ends bound it with the same probability
+(``seeds_needed_interval``). At S_0 = 3 the range is wide: sd = 7.5 points and Delta = 5.5
+give 17 seeds, within [7, 579].
 scipy's noncentral t CDF (``nctdtr``) returns NaN where a tail underflows (measured at
 x = +-t_crit for alpha 0.01..0.1, df 1..50, nc 0.01..1e4: 14,402 NaNs, all at x < nc,
 with finite values within +-10 % of nc below 4e-14; e.g. df = 1, nc = 8.9 at -t_crit),
@@ -56,7 +69,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import nctdtr, stdtrit  # t quantile, noncentral t CDF; lighter than scipy.stats
+from scipy.special import (  # lighter than scipy.stats
+    chdtri,  # chi-square quantile by upper tail
+    nctdtr,  # noncentral t CDF
+    stdtrit,  # t quantile
+)
 
 __all__ = [
     "BOOTSTRAP_METHODS",
@@ -68,7 +85,9 @@ __all__ = [
     "paired_bootstrap_ci",
     "paired_difference",
     "paired_t_power",
+    "sd_interval",
     "seeds_needed",
+    "seeds_needed_interval",
     "t_interval",
 ]
 
@@ -287,3 +306,26 @@ def seeds_needed(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if paired_t_power(delta, sd, mid, alpha) >= power else (mid, hi)
     return float(hi)
+
+
+def sd_interval(sd: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Chi-square interval of a normal population's SD from a sample SD ``sd`` of ``n``
+    values (module doc); NaN for n < 2 or a non-finite ``sd``."""
+    level = _check_level(level)
+    if n < 2 or not np.isfinite(sd):
+        return float("nan"), float("nan")
+    df = n - 1
+    # chdtri(df, p) is the chi-square value with upper tail p
+    low = sd * np.sqrt(df / chdtri(df, (1.0 - level) / 2.0))
+    high = sd * np.sqrt(df / chdtri(df, (1.0 + level) / 2.0))
+    return float(low), float(high)
+
+
+def seeds_needed_interval(
+    delta: float, sd: float, n: int, power: float = 0.8, alpha: float = 0.05, level: float = 0.95
+) -> tuple[float, float]:
+    """``seeds_needed`` at both ends of ``sd_interval(sd, n, level)``: the range of seeds a
+    paired t-test needs to detect the target ``delta`` that the SD's own uncertainty
+    allows (module doc); NaN where ``seeds_needed`` is NaN or n < 2."""
+    low, high = sd_interval(sd, n, level)
+    return seeds_needed(delta, low, power, alpha), seeds_needed(delta, high, power, alpha)

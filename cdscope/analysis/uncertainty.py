@@ -67,7 +67,9 @@ def contributions(sets: Sequence[FamilySamples]) -> list[np.ndarray]:
 def corrected_measures(
     sets: Sequence[FamilySamples], names: Sequence[str] | None = None
 ) -> dict[str, float]:
-    """The noise-corrected measures of one (model, seed), ``names`` from CORRECTED's values.
+    """The noise-corrected measures of one (model, seed), ``names`` from CORRECTED's values;
+    a corrected measure always comes with the eigenvalue mass clipped to read it
+    (``gram_negative_mass``: how far to trust it, noise.CLIPPED_MASS_WARN).
 
     Empty when some family has fewer than 2 samples (the unbiased Gram is undefined).
     """
@@ -75,7 +77,8 @@ def corrected_measures(
         return {}
     values = gram_measures(unbiased_gram(contributions(sets)))
     out = {CORRECTED[k]: float(v) for k, v in values.items()}
-    return {k: v for k, v in out.items() if names is None or k in names}
+    wanted = None if names is None else {*names, *([CORRECTED["negative_mass"]] if names else [])}
+    return {k: v for k, v in out.items() if wanted is None or k in wanted}
 
 
 #: float64 elements of one chunk of bootstrap resamples (C, F and c_{m,i}: ~128 MiB)

@@ -196,9 +196,12 @@ _register_audit_command(
 
     Reports mean ± SE over seeds (in %), R(C), and with several models the same-seed
     paired differences against the first model (mean ± SE, negatives, 95% t-interval,
-    SD of Δ and the seeds needed to detect --detect at 80% power). Beside the plain
-    numbers: B_shared and R of the noise-corrected Gram (*_unbiased, docs/bshared.md) and
-    a bootstrap interval over probe samples for every per-seed value.
+    SD of Δ and the seeds needed to detect the target --detect at 80% power, with its
+    range from the SD's chi-square interval). Beside the plain numbers: B_shared and R of
+    the noise-corrected Gram (*_unbiased, with the eigenvalue mass clipped to read it; an
+    estimator of another quantity, not comparable with the plain one; docs/bshared.md) and
+    the bootstrap spread over probe samples of every per-seed value (not a confidence
+    interval).
     """,
     gate=True,
 )

@@ -24,6 +24,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.cli.options import with_settings
+from cdscope.cli.params import key_values
 from cdscope.errors import CdscopeError
 from cdscope.messages import wrote
 from cdscope.resources import EMBEDDED_NAME
@@ -69,6 +70,14 @@ AuditTrainOpt = Annotated[
         "--audit-train", help="Training task JSONL(s) to audit against (default: shipped)."
     ),
 ]
+VllmArgOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--vllm-arg",
+        help="KEY=VALUE passed to vLLM's LLM(...) with --backend vllm (repeatable), e.g. "
+        "tensor_parallel_size=2, gpu_memory_utilization=0.8, enforce_eager=false.",
+    ),
+]
 AuditProbeOpt = Annotated[
     list[Path] | None,
     typer.Option("--audit-probe", help="Probe pool JSONL(s) to audit against (default: shipped)."),
@@ -82,7 +91,7 @@ AuditProbeOpt = Annotated[
 @user_errors
 @with_settings(ModelSettings, "model_settings")
 @with_settings(EvalSettings, "eval_settings")
-def eval_command(  # size: 16 parameters, each one command-line option (Typer reads the signature)
+def eval_command(  # size: 17 parameters, each one command-line option (Typer reads the signature)
     model: EvalModelOpt = None,
     tasks: TasksOpt = None,
     task_columns: TaskColumnsOpt = None,
@@ -96,6 +105,7 @@ def eval_command(  # size: 16 parameters, each one command-line option (Typer re
     audit: AuditOpt = False,
     audit_train: AuditTrainOpt = None,
     audit_probe: AuditProbeOpt = None,
+    vllm_arg: VllmArgOpt = None,
     as_json: JsonOpt = False,
     eval_settings: EvalSettings = EvalSettings(),
     model_settings: ModelSettings = ModelSettings(),
@@ -105,6 +115,8 @@ def eval_command(  # size: 16 parameters, each one command-line option (Typer re
     pass@k per benchmark (mean over problems), per domain (mean of its benchmarks) and
     overall (mean of domains), plus the --hard subset. Writes OUT/samples.parquet (one
     row per sample: completion, passed, verifier message, tokens) and OUT/passk.parquet.
+    Generates with transformers (--backend hf), vLLM in this process (--backend vllm) or
+    an OpenAI-compatible server (--endpoint URL); docs/eval.md.
     """
     from cdscope.commands.evaluate import contamination_audit, eval_outputs, read_hard_ids
     from cdscope.commands.requests import EvalRequest
@@ -119,14 +131,15 @@ def eval_command(  # size: 16 parameters, each one command-line option (Typer re
         eval_settings,
         ks=tuple(parse_ks(k)),
         max_new_tokens=_token_caps(max_new_tokens, loaded_tasks),
+        vllm_args=key_values(vllm_arg or [], "--vllm-arg", "enforce_eager=false"),
     )
-    run_models = bool(model) or not audit
+    run_models = bool(model) or bool(eval_settings.endpoint) or not audit
     request = EvalRequest(
-        models_or_embedded(model), loaded_tasks, settings, out, options, resume_with,
-        read_hard_ids(hard, loaded_tasks) if hard else None,
+        [] if eval_settings.endpoint else models_or_embedded(model), loaded_tasks, settings,
+        out, options, resume_with, read_hard_ids(hard, loaded_tasks) if hard else None,
     )  # fmt: skip
     if run_models:
-        _check_run(request, plot)
+        _check_run(request, plot, model_given=bool(model))
     with eval_outputs(out, run_models, audit, plot) as files:  # locked now, committed together
         contamination = (
             contamination_audit(loaded_tasks, task_paths, audit_train, audit_probe, out, files)
@@ -152,14 +165,14 @@ def _token_caps(text: str | None, tasks: list) -> dict[str, int]:
     return caps
 
 
-def _check_run(request: EvalRequest, plot: Path | None) -> None:
+def _check_run(request: EvalRequest, plot: Path | None, model_given: bool) -> None:
     """What sampling needs, checked before anything is locked or loaded."""
     from cdscope.analysis.passk import check_ks
-    from cdscope.commands.evaluate import check_backend
+    from cdscope.commands.engines import check_engine
     from cdscope.io import check_plot_path, check_writable
 
     check_ks(request.settings.ks, request.settings.n)
-    check_backend(request.settings.backend)
+    check_engine(request.settings, request.options, model_given)
     check_writable(request.out_dir / "samples.parquet")
     if plot is not None:
         check_plot_path(plot)
@@ -173,7 +186,7 @@ def _run_models(request: EvalRequest, plot: Path | None, files: FileSet) -> Eval
     if plot is not None:
         from cdscope.output.plots import plot_passk
 
-        plot_passk(files.path(plot), result.passk, list(dict.fromkeys(request.model_specs)))
+        plot_passk(files.path(plot), result.passk, result.models)
     return result
 
 
@@ -206,7 +219,7 @@ def _show(
     else:
         from cdscope.output.render_runs import passk_table, stats_table
 
-        out_console.print(passk_table(result.passk, list(dict.fromkeys(request.model_specs))))
+        out_console.print(passk_table(result.passk, result.models))
         out_console.print(stats_table(result.stats))
     if plot is not None:
         wrote(err_console, str(plot))

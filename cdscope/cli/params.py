@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import typer
 
+from cdscope.errors import CdscopeError
 from cdscope.settings import COUNT_MAX, SEED_MAX
 
 __all__ = ["COUNT_MAX", "SEED_MAX", "finite"]
@@ -49,3 +51,20 @@ def finite(
 
     parse.__name__ = "float"  # what --help shows as the value type
     return parse
+
+
+def key_values(items: list[str], flag: str, example: str) -> dict[str, Any]:
+    """``KEY=VALUE`` strings of a repeatable ``flag`` (``--trl-arg``, ``--vllm-arg``) ->
+    dict; values parsed as JSON where they are (true, 0.5, ...), else kept as text."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise CdscopeError(f"{flag} takes KEY=VALUE (like {example}); got {item!r}")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out

@@ -19,6 +19,7 @@ from cdscope.cli.common import (
     user_errors,
 )
 from cdscope.cli.options import with_settings
+from cdscope.cli.params import key_values
 from cdscope.messages import wrote
 from cdscope.settings.training import TrainConfig
 
@@ -95,7 +96,7 @@ def train_command(  # size: 12 parameters, each one command-line option (Typer r
     """
     from cdscope.commands.train import run_train
     from cdscope.settings import parse_ks
-    from cdscope.tasks.readers import with_mapping
+    from cdscope.tasks.io import with_mapping
 
     explicit = dict(explicit or {})  # the TrainConfig options given
     explicit.update(
@@ -108,7 +109,7 @@ def train_command(  # size: 12 parameters, each one command-line option (Typer r
     if eval_k is not None:
         explicit["eval_k"] = tuple(parse_ks(eval_k))
     if trl_arg:
-        explicit["extra"] = {"trl": _key_values(trl_arg)}
+        explicit["extra"] = {"trl": key_values(trl_arg, "--trl-arg", "use_vllm=true")}
     cfg = TrainConfig().with_preset(preset, explicit)
     result = run_train(cfg, resume=resume, console=err_console)
     if as_json:
@@ -135,21 +136,3 @@ def train_command(  # size: 12 parameters, each one command-line option (Typer r
             wrote(err_console, str(result.out_dir / f"{name}.parquet"), f"held-out {name}")
     if result.final_dir is not None:
         wrote(err_console, str(result.final_dir), "final model")
-
-
-def _key_values(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings -> dict; values parsed as JSON where they are (true, 0.5, ...)."""
-    import json
-
-    from cdscope.errors import CdscopeError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise CdscopeError(f"--trl-arg takes KEY=VALUE (like use_vllm=true); got {item!r}")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out

@@ -20,11 +20,17 @@ measure but the participation ratio, which is a number of ``gates`` (SPEC §3). 
 is the one place the rows are built.
 
 Additions that leave the plain, paper-comparable numbers unchanged (docs/bshared.md):
-per (model, seed) the noise-corrected measures (``*_unbiased``, ``noise.unbiased_gram``)
-and a bootstrap interval over probe samples for every measure (``ci_low``/``ci_high``);
-on paired rows the per-seed Delta SD and the seeds a paired t-test needs to detect
-``detect`` at 80 % power; per model the Davis-Kahan direction check (``OUT.convergence``).
-These need the per-sample probe columns; an older probe file gets a one-line note.
+per (model, seed) the noise-corrected measures (``*_unbiased``, ``noise.unbiased_gram``,
+always with the eigenvalue mass clipped to read them, ``gram_negative_mass``, and a note
+where it exceeds ``noise.CLIPPED_MASS_WARN``; an estimator of another quantity, never to be
+compared with the plain one) and the bootstrap spread over probe samples of every measure
+(``boot_low``/``boot_high``: at n = 2-3 samples per family its coverage is unknown, so it
+is not called a confidence interval; docs/decisions.md); on paired rows the per-seed Delta
+SD and the seeds a paired t-test needs to detect the stated target ``detect`` at 80 %
+power, with the range the SD's own chi-square interval allows (``seeds_needed_low`` /
+``_high``; never computed at the observed mean); per model the Davis-Kahan direction
+check (``OUT.convergence``). These need the per-sample probe columns; an older probe file
+gets a one-line note.
 """
 
 from __future__ import annotations
@@ -39,7 +45,13 @@ import pandas as pd
 from rich.console import Console
 
 from cdscope.analysis import spectral
-from cdscope.analysis.stats import mean_se, paired_difference, seeds_needed
+from cdscope.analysis.noise import CLIPPED_MASS_WARN
+from cdscope.analysis.stats import (
+    mean_se,
+    paired_difference,
+    seeds_needed,
+    seeds_needed_interval,
+)
 from cdscope.analysis.uncertainty import (
     MeasureFn,
     MeasureKey,
@@ -97,7 +109,9 @@ def decompose_measures(
 UNITS = {"PR": "gates"}
 #: the columns that name one measured quantity in every audit table
 MEASURE_COLUMNS = ["measure", "family", "family_b", "value_unit"]
-PER_SEED_COLUMNS = ["model", "seed", *MEASURE_COLUMNS, "value", "ci_low", "ci_high"]
+#: boot_low / boot_high: the centred bootstrap spread over probe samples, not a confidence
+#: interval (its coverage at n = 3 per family is unknown; docs/decisions.md)
+PER_SEED_COLUMNS = ["model", "seed", *MEASURE_COLUMNS, "value", "boot_low", "boot_high"]
 
 
 def measure_columns(key: MeasureKey) -> dict[str, str | None]:
@@ -140,7 +154,7 @@ AUDITS = {
         bshared_measures,
         "B_shared_C",
         ("B_shared_C", "B_shared_C_unbiased"),
-        "B_shared(C), plain and noise-corrected",
+        "B_shared(C), plain | noise-corrected (not comparable)",
         corrected=("B_shared_C_unbiased", "R_C_unbiased", "gram_negative_mass"),
     ),
     "acg": AuditSpec(
@@ -149,7 +163,7 @@ AUDITS = {
         "ACG",
         ("B_shared_F", "B_shared_C", "ACG"),
         "Activation vs control",
-        corrected=("B_shared_C_unbiased",),
+        corrected=("B_shared_C_unbiased", "gram_negative_mass"),
     ),
     "decompose": AuditSpec(
         "decompose",
@@ -167,8 +181,9 @@ AUDITS = {
     ),
 }
 
-#: default effect for the seeds-needed column: 5 points of a fraction-valued measure
-DETECT = 0.05
+#: default target effect of the seeds-needed column (a fraction): ``AuditSettings.detect``,
+#: the magnitude of the paper's paired Delta B_shared (-5.5 points)
+DETECT = AuditSettings.detect / 100
 
 
 @dataclass
@@ -177,9 +192,9 @@ class AuditResult:
 
     command: str  # bshared | acg | decompose
     # the tidy tables (module doc): the measure in measure / family / family_b / value_unit
-    per_seed: pd.DataFrame  # model, seed, <measure>, value, ci_low, ci_high (bootstrap)
+    per_seed: pd.DataFrame  # model, seed, <measure>, value, boot_low, boot_high (bootstrap)
     summary: pd.DataFrame  # model, <measure>, n_seeds, mean, se
-    paired: pd.DataFrame  # model, reference, <measure>, n, mean, se, n_negative, ci_*, sd, ...
+    paired: pd.DataFrame  # model, reference, <measure>, n, mean, se, n_negative, ci_* (t), sd, ...
     metadata: dict
     probe_frame: pd.DataFrame
     skipped_pairs: list[str]
@@ -220,7 +235,7 @@ def per_seed_frame(
     notes: list[str] | None = None,
 ) -> pd.DataFrame:
     """Evaluate ``spec``'s measures for every (model, seed) on the kept families' C and F,
-    plus the noise-corrected measures and bootstrap intervals where per-sample data exist."""
+    plus the noise-corrected measures and the bootstrap spread where per-sample data exist."""
     rows = []
     notes = notes if notes is not None else []
     samples = sample_sets(probe_frame)
@@ -254,7 +269,7 @@ def per_seed_frame(
             lo, hi = intervals.get(key, (np.nan, np.nan))
             rows.append(
                 {"model": model, "seed": int(seed), **measure_columns(key), "value": value,
-                 "ci_low": lo, "ci_high": hi}
+                 "boot_low": lo, "boot_high": hi}
             )  # fmt: skip
     # the string dtype the Parquet file reads back as, so API and file frames are equal
     return pd.DataFrame(rows, columns=PER_SEED_COLUMNS).astype({"family": "str", "family_b": "str"})
@@ -295,7 +310,10 @@ def paired_against_reference(
 ) -> pd.DataFrame:
     """Same-seed differences of every later model against ``models[0]`` (SPEC §4), with the
     per-seed Delta SD and the seeds a two-sided paired t-test (alpha 0.05) needs to detect
-    a true Delta of ``detect`` with 80 % power (``stats.seeds_needed``)."""
+    the stated target ``detect`` (a fraction; never the observed mean) with 80 % power
+    (``stats.seeds_needed``), and its range from the SD's 95 % chi-square interval
+    (``stats.seeds_needed_interval``). A measure not in fractions (PR, in gates) has no
+    target in points: NaN there."""
     columns = [
         "model",
         "reference",
@@ -307,7 +325,10 @@ def paired_against_reference(
         "ci_low",
         "ci_high",
         "sd",
+        "detect",
         "seeds_needed",
+        "seeds_needed_low",
+        "seeds_needed_high",
     ]
     if len(models) < 2:
         return pd.DataFrame(columns=columns)
@@ -324,6 +345,8 @@ def paired_against_reference(
                 continue
             diff = paired_difference(pairs[model].to_numpy(), pairs[reference].to_numpy())
             sd = float(np.std(diff.deltas, ddof=1)) if diff.n > 1 else float("nan")
+            target = detect if key[3] == "fraction" else float("nan")
+            low, high = seeds_needed_interval(target, sd, diff.n)
             rows.append(
                 {
                     "model": model,
@@ -336,10 +359,25 @@ def paired_against_reference(
                     "ci_low": diff.ci_low,
                     "ci_high": diff.ci_high,
                     "sd": sd,
-                    "seeds_needed": seeds_needed(detect, sd),
+                    "detect": target,
+                    "seeds_needed": seeds_needed(target, sd),
+                    "seeds_needed_low": low,
+                    "seeds_needed_high": high,
                 }
             )
     return pd.DataFrame(rows, columns=columns)
+
+
+def clipped_mass_notes(per_seed: pd.DataFrame, limit: float = CLIPPED_MASS_WARN) -> list[str]:
+    """One note per model whose noise-corrected Gram had more than ``limit`` of its
+    eigenvalue mass clipped on some seed (noise.CLIPPED_MASS_WARN: why 5 %)."""
+    rows = per_seed[(per_seed["measure"] == "gram_negative_mass") & (per_seed["value"] > limit)]
+    return [
+        f"{model}: the noise-corrected Gram clipped more than {100 * limit:g}% of its "
+        f"eigenvalue mass on seed(s) {', '.join(str(int(s)) for s in group['seed'])} "
+        f"(max {100 * group['value'].max():.1f}%): its *_unbiased measures are unreliable there"
+        for model, group in rows.groupby("model", sort=False)
+    ]
 
 
 def evaluate_audit(
@@ -367,7 +405,7 @@ def evaluate_audit(
         raise CdscopeError(
             "no (model, seed) had at least 2 families with |l_m| >= 1e-4; nothing to report"
         )
-    notes = sorted(set(notes))
+    notes = sorted(set(notes)) + clipped_mass_notes(per_seed)
     for note in notes:
         warn(console, note, "note:")
     summary = summarize_seeds(per_seed)

@@ -16,8 +16,10 @@ SPEC §4):
 3. **Score.** Edge scores with Loss = mean NLL of the answer tokens (``cdscope.core.eap``),
    then per sample: intensity = mean |s_e|, information complexity = H(|s|/sum|s|) /
    log E, kurtosis = Pearson kurtosis of |s_e|.
-4. **Summarise.** Mean over samples with a percentile-bootstrap interval (B = 2000,
-   seeded with s); with a baseline the paired bootstrap of model - baseline.
+4. **Summarise.** Mean over samples with its bootstrap interval (B = 2000, seeded with s;
+   ``boot_low`` / ``boot_high``: at the default n = 5 samples its coverage is unknown, so
+   it is not stored as a confidence interval, docs/decisions.md); with a baseline the
+   paired bootstrap of model - baseline.
 """
 
 from __future__ import annotations
@@ -57,10 +59,10 @@ from cdscope.fileset import FileSet
 from cdscope.io import run_metadata
 from cdscope.messages import make_console, progress_bar
 from cdscope.settings import EapSettings
-from cdscope.tasks.answers import find_final_answer
-from cdscope.tasks.format import is_code_kind, probe_verifier_kind, task_from_probe_item
-from cdscope.tasks.verifiers import VERIFIERS
-from cdscope.tasks.verifiers import verify as verify_task
+from cdscope.tasks.io import probe_verifier_kind, task_from_probe_item
+from cdscope.tasks.judging import VERIFIERS, find_final_answer
+from cdscope.tasks.judging import verify as verify_task
+from cdscope.tasks.record import is_code_kind
 
 COUNT_KEYS = ("drawn", "unsupported", "incorrect", "too_long", "correct")
 
@@ -236,8 +238,8 @@ def summarise(
                     "model": name,
                     "statistic": key,
                     "mean": ci.estimate,
-                    "ci_low": ci.ci_low,
-                    "ci_high": ci.ci_high,
+                    "boot_low": ci.ci_low,
+                    "boot_high": ci.ci_high,
                     "n": len(part),
                     "B": B,
                 }
@@ -253,8 +255,8 @@ def summarise(
                     "baseline": names[1],
                     "statistic": key,
                     "mean_diff": ci.estimate,
-                    "ci_low": ci.ci_low,
-                    "ci_high": ci.ci_high,
+                    "boot_low": ci.ci_low,
+                    "boot_high": ci.ci_high,
                     "n": len(a),
                     "B": B,
                 }

@@ -1,8 +1,9 @@
 """``cdscope eval``: sample, verify and score pass@k for one or more models (SPEC §7).
 
 For each model and each selected problem (the first ``limit`` tasks of every benchmark,
-in file order): draw ``n`` completions with ``cdscope.core.generation.sample`` under a seed
-derived from (run seed, problem id) alone, score them with ``cdscope.tasks.verify_many``
+in file order): draw ``n`` completions with the run's engine (``commands.engines``:
+transformers, vLLM or an OpenAI-compatible server; a batch of problems per call) under a
+seed derived from (run seed, problem id) alone, score them with ``cdscope.tasks.verify_many``
 (code only inside the sandbox), and append one row per sample. Because a problem's
 samples depend only on its own seed, ``--resume`` skips the problems already in the
 per-sample file and the rerun gives exactly the samples an uninterrupted run would have.
@@ -12,7 +13,8 @@ Outputs in ``out_dir``, written as one set at the end (``cdscope.fileset``; with
 ``--audit`` the contamination table and with ``--plot`` the figure belong to it):
 ``samples.parquet`` and ``passk.parquet`` (``cdscope.analysis.passk.summarize``), both
 with run metadata. While it runs, the samples so far are rewritten every few seconds to
-``samples.partial.parquet``, which ``--resume`` continues from; an earlier complete
+``samples.partial.parquet`` (and when a model's run fails: a server lost, an interrupt),
+which ``--resume`` continues from; an earlier complete
 ``samples.parquet`` stays as it was until the new set is complete. Each problem's content
 hash (``task_hash``) is recorded, so an edited task is never resumed silently.
 """
@@ -21,20 +23,20 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
 
 from cdscope.analysis.passk import check_ks, summarize
+from cdscope.commands.engines import Server, check_engine, connect, identity_for, open_engine
 from cdscope.commands.requests import EvalRequest
-from cdscope.commands.workflow import distinct_models, load_record, model_record
-from cdscope.core.evaluation import Generator, problem_samples, select
-from cdscope.core.evaluation import hf_generator as model_generator
+from cdscope.commands.workflow import distinct_models, load_record
+from cdscope.core.engines import Generation
+from cdscope.core.models.opening import ModelOptions
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet, partial_path
@@ -42,7 +44,13 @@ from cdscope.io import check_writable, content_hash, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.resume import resume_state
 from cdscope.settings import EvalSettings
-from cdscope.tasks.contamination import audit, items_from_tasks, reference_sets
+from cdscope.tasks.evaluation import (
+    gen_request,
+    sample_rows,
+    score_completions,
+    select,
+)
+from cdscope.tasks.io import audit, items_from_tasks, reference_sets
 from cdscope.tasks.sandbox import require_sandbox_for
 
 COMPLETION_COLUMNS = [
@@ -65,6 +73,7 @@ class EvalResult:
     passk: pd.DataFrame
     stats: pd.DataFrame  # per model: problems, samples, tokens, tokens/s, verify share, empty
     metadata: dict
+    models: list[str] = field(default_factory=list)  # the models evaluated, in order
 
 
 def eval_outputs(
@@ -112,7 +121,7 @@ def contamination_audit(
     outputs: FileSet | None = None,
 ) -> tuple[pd.DataFrame, Path]:
     """``eval --audit``: the eval ``tasks`` against the training tasks and probe pools
-    (shipped ones where no paths are given; ``cdscope.tasks.contamination``), written to
+    (shipped ones where no paths are given; ``cdscope.tasks.io.contamination``), written to
     ``out_dir/contamination.parquet`` (a file of ``outputs``, the run's output set, when
     given); returns (frame, path)."""
     target = check_writable(out_dir / "contamination.parquet")
@@ -130,38 +139,9 @@ def contamination_audit(
 
 
 def check_backend(backend: str) -> None:
-    if backend not in ("hf", "vllm"):
-        raise CdscopeError(f"--backend must be hf or vllm, got {backend!r}")
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise CdscopeError(
-            "--backend vllm needs the vllm package (pip install vllm, on a CUDA machine); "
-            "use --backend hf here"
-        )
-
-
-def hf_generator(loaded: object, settings: EvalSettings) -> Generator:
-    """(prompt, max_new_tokens, seed) -> n completions and their token counts, via HF."""
-    return model_generator(loaded.model, loaded.tokenizer, settings)  # type: ignore[attr-defined]
-
-
-def vllm_generator(loaded: object, settings: EvalSettings) -> Generator:  # pragma: no cover
-    """The same contract through vLLM (GPU machines; not exercised on CPU-only hosts)."""
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=loaded.source, dtype=str(loaded.dtype).removeprefix("torch."))  # type: ignore[attr-defined]
-
-    def generate(_task: object, prompt: str, max_new: int, seed: int):  # noqa: ANN202
-        params = SamplingParams(
-            n=settings.n,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            max_tokens=max_new,
-            seed=seed,
-        )
-        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs
-        return [o.text for o in out], [len(o.token_ids) for o in out]
-
-    return generate
+    """``--backend`` by name, and vLLM importable for ``vllm`` (``engines.check_engine``
+    checks every engine option together)."""
+    check_engine(EvalSettings(backend=backend), ModelOptions(), model_given=False)
 
 
 def evaluate(
@@ -172,7 +152,8 @@ def evaluate(
     of these two files alone when None)."""
     single_process_only("eval")
     console = console or make_console()
-    distinct_models(request.model_specs)
+    if not request.settings.endpoint:
+        distinct_models(request.model_specs)
     with contextlib.ExitStack() as stack:
         if outputs is None:
             outputs = stack.enter_context(eval_outputs(request.out_dir))
@@ -183,16 +164,17 @@ def _evaluate(request: EvalRequest, console: Console, outputs: FileSet) -> EvalR
     """``evaluate`` inside its output set."""
     settings = request.settings
     ks = check_ks(settings.ks, settings.n)
-    check_backend(settings.backend)
+    check_engine(settings, request.options, model_given=bool(request.model_specs))
     chosen = select(request.tasks, settings.limit)
     require_sandbox_for([t for t, _ in chosen], "drop the code task files from --tasks")
-    sampler = _Sampler(request, chosen, ks, console)
+    server = connect(settings) if settings.endpoint else None
+    sampler = _Sampler(request, chosen, ks, console, server)
     outputs.lock()  # before reading what another run may be writing
     done = sampler.resume()
     start_all = time.perf_counter()
     with progress_bar(console) as progress:
-        bar = progress.add_task("eval", total=len(request.model_specs) * len(chosen))
-        stats = [sampler.model(spec, done, progress, bar) for spec in request.model_specs]
+        bar = progress.add_task("eval", total=len(sampler.specs) * len(chosen))
+        stats = [sampler.model(spec, done, progress, bar) for spec in sampler.specs]
     samples, passk = sampler.write(outputs)
     stats_frame = pd.DataFrame(stats)
     stats_frame["tokens_per_s"] = stats_frame["tokens"] / stats_frame["generate_s"].where(
@@ -202,18 +184,26 @@ def _evaluate(request: EvalRequest, console: Console, outputs: FileSet) -> EvalR
         stats_frame["wall_s"] > 0
     )
     sampler.metadata["wall_s"] = time.perf_counter() - start_all
-    return EvalResult(samples, passk, stats_frame, sampler.metadata)
+    return EvalResult(samples, passk, stats_frame, sampler.metadata, sampler.specs)
 
 
 class _Sampler:
     """One eval run's samples so far and its metadata: the models are sampled one after
-    the other, the progress file rewritten every ``WRITE_EVERY_S`` seconds."""
+    the other, a batch of problems per engine call (``Engine.per_call``), the progress
+    file rewritten every ``WRITE_EVERY_S`` seconds and when a model's run fails."""
 
-    def __init__(self, request: EvalRequest, chosen: list, ks: list[int], console: Console) -> None:
+    def __init__(
+        self, request: EvalRequest, chosen: list, ks: list[int], console: Console,
+        server: Server | None = None,
+    ) -> None:  # fmt: skip
         self.request, self.chosen, self.ks, self.console = request, chosen, ks, console
+        self.server = server
+        #: the models of this run: the --model specs, or the served model of --endpoint
+        self.specs = [server.name] if server else list(request.model_specs)
         self.samples_path = request.out_dir / "samples.parquet"
         self.hashes = {t.id: task_hash(t) for t, _ in chosen}
         ids = "\n".join(t.id for t, _ in chosen).encode()
+        endpoint = {"endpoint": server.client.url} if server else {}  # type: ignore[attr-defined]
         self.metadata = run_metadata(
             "eval",
             settings=request.settings.comparable(),
@@ -223,14 +213,16 @@ class _Sampler:
             task_ids_hash=hashlib.sha256(ids).hexdigest()[:16],
             task_hashes=self.hashes,
             models=[],
+            **endpoint,
         )
         self.frames: list[pd.DataFrame] = []
 
     def resume(self) -> set[tuple]:
         """The (model, problem) pairs kept from ``--resume`` (their rows kept too)."""
         state = resume_state(
-            self.samples_path, self.metadata, self.request.model_specs, self.request.options,
+            self.samples_path, self.metadata, self.specs, self.request.options,
             self.request.resume, self.console, "problem_id", item_hashes=self.hashes,
+            identity=identity_for(self.server),
         )  # fmt: skip
         self.metadata["models"] = state.models
         if state.frame is not None:  # problems kept but not chosen now: their hashes too
@@ -242,6 +234,12 @@ class _Sampler:
             }
         return state.done
 
+    def write_progress(self) -> None:
+        """The samples so far to the progress file (what ``--resume`` continues from)."""
+        if self.frames:
+            frame = pd.concat(self.frames, ignore_index=True)
+            write_parquet(frame, partial_path(self.samples_path), self.metadata)
+
     def model(self, spec: str, done: set[tuple], progress: object, bar: object) -> dict:
         """Sample and verify ``spec``'s unfinished problems; its statistics record."""
         todo = [(t, b) for t, b in self.chosen if (spec, t.id) not in done]
@@ -252,35 +250,46 @@ class _Sampler:
             return record
         progress.update(bar, description=f"loading {spec}")
         t_model = time.perf_counter()
-        loaded = self.request.options.load(spec, self.console)
+        engine, model_entry = open_engine(spec, self.request, self.server, self.console)
         models = [m for m in self.metadata["models"] if m["name"] != spec]
-        self.metadata["models"] = [*models, model_record(loaded)]
-        settings = self.request.settings
-        generate = (vllm_generator if settings.backend == "vllm" else hf_generator)(
-            loaded, settings
-        )
+        self.metadata["models"] = [*models, model_entry]
         last_write = time.perf_counter()
-        for task, bench in todo:
-            self.problem(spec, task, bench, generate, record)
-            rate = record["tokens"] / max(record["generate_s"], 1e-9)
-            progress.update(bar, description=f"{spec} {rate:.0f} tok/s")
-            progress.advance(bar)
-            if time.perf_counter() - last_write > WRITE_EVERY_S:  # progress, for --resume
-                frame = pd.concat(self.frames, ignore_index=True)
-                write_parquet(frame, partial_path(self.samples_path), self.metadata)
-                last_write = time.perf_counter()
+        try:
+            for lo in range(0, len(todo), engine.per_call):
+                chunk = todo[lo : lo + engine.per_call]
+                t0 = time.perf_counter()
+                generations = engine.generate(
+                    [gen_request(task, self.request.settings) for task, _ in chunk]
+                )
+                record["generate_s"] += time.perf_counter() - t0
+                for (task, bench), generation in zip(chunk, generations, strict=True):
+                    self.problem(spec, task, bench, generation, record)
+                rate = record["tokens"] / max(record["generate_s"], 1e-9)
+                progress.update(bar, description=f"{spec} {rate:.0f} tok/s")
+                progress.advance(bar, len(chunk))
+                if time.perf_counter() - last_write > WRITE_EVERY_S:  # progress, for --resume
+                    self.write_progress()
+                    last_write = time.perf_counter()
+        except BaseException:
+            self.write_progress()  # the problems finished so far survive a failed run
+            raise
+        finally:
+            engine.close()
         record["wall_s"] = time.perf_counter() - t_model
         return record
 
     def problem(
-        self, spec: str, task: object, bench: str, generate: Callable, record: dict
+        self, spec: str, task: object, bench: str, generation: Generation, record: dict
     ) -> None:
-        """``n`` completions of one problem, verified, as rows; ``record`` counts them."""
-        frame, cost = problem_samples(spec, task, bench, generate, self.request.settings)
-        for key in ("generate_s", "verify_s", "tokens", "empty"):
-            record[key] += cost[key]
-        record["samples"] += len(frame)
-        self.frames.append(frame)
+        """The completions of one problem, verified, as rows; ``record`` counts them."""
+        texts = generation.texts
+        t1 = time.perf_counter()
+        verdicts = score_completions([task] * len(texts), texts, self.request.settings)
+        record["verify_s"] += time.perf_counter() - t1
+        record["tokens"] += int(generation.total_tokens)
+        record["samples"] += len(texts)
+        record["empty"] += sum(not t.strip() for t in texts)
+        self.frames.append(sample_rows(spec, task, bench, generation, verdicts))
 
     def write(self, outputs: FileSet) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Write samples and pass@k into ``outputs``; the chosen models' and problems'
@@ -293,7 +302,7 @@ class _Sampler:
         )
         outputs.write_parquet(samples, self.samples_path, self.metadata)
         outputs.remove_on_commit(partial_path(self.samples_path))
-        wanted = samples["model"].isin(list(self.request.model_specs)) & samples["problem_id"].isin(
+        wanted = samples["model"].isin(self.specs) & samples["problem_id"].isin(
             [t.id for t, _ in self.chosen]
         )
         hard_ids = self.request.hard_ids

@@ -4,7 +4,9 @@ For each probe seed: the exact gradient of R(C(theta)) (double backward, eager
 attention) once, then the two fixed-step proxies (``proxy`` and ``folded``) at every eps
 of the sweep (and, with ``richardson_sweep``, the Richardson proxy at every eps), and the
 default estimator; each compared with the exact gradient by cosine and relative L2 error
-(SPEC §5). One row per (model, seed, estimator, eps).
+(SPEC §5). One row per (model, seed, estimator, eps); on an MoE model also the routing
+decisions its perturbed forwards held (``routing_*``, ``cdscope.core.routing``; missing on
+a dense model).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from cdscope.core.models.opening import ModelOptions
 from cdscope.core.models.placement import require_resident_weights
 from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
 from cdscope.core.regularizer import exact_grad, fidelity, regularizer_grad
+from cdscope.core.routing import RoutingCount
 from cdscope.distributed import single_process_only
 from cdscope.fileset import FileSet, partial_path
 from cdscope.finite import NonFinite
@@ -36,6 +39,16 @@ from cdscope.settings import (
     GradcheckSettings,
 )
 
+
+def routing_columns(routing: RoutingCount | None) -> dict[str, int | None]:
+    """``routing_decisions`` / ``routing_switched`` / ``routing_unheld`` of one gradient
+    (None without MoE blocks)."""
+    names = ("routing_decisions", "routing_switched", "routing_unheld")
+    if routing is None:
+        return dict.fromkeys(names)
+    return dict(zip(names, (routing.decisions, routing.switched, routing.unheld), strict=True))
+
+
 GRADCHECK_COLUMNS = [
     "model",
     "seed",
@@ -47,6 +60,9 @@ GRADCHECK_COLUMNS = [
     "seconds",
     "exact_seconds",
     "R",
+    "routing_decisions",
+    "routing_switched",
+    "routing_unheld",
 ]
 
 
@@ -147,6 +163,7 @@ class _Sweep:
                     "seconds": approx.seconds,
                     "exact_seconds": exact.seconds,
                     "R": exact.R,
+                    **routing_columns(approx.routing),
                 }
             )
             del approx

@@ -45,6 +45,7 @@ from cdscope.commands.workflow import (
     probe_metadata,
     record_drawn,
     result_frame,
+    routing_note,
 )
 from cdscope.core.models.opening import ModelOptions
 from cdscope.core.probes import ProbePool
@@ -96,6 +97,7 @@ class _RankWorker:
             "frame": result_frame(spec, seed, result),
             "record": self.record,
             "dropped": result.dropped,
+            "routing": result.routing,
         }
 
     def close(self) -> None:
@@ -140,14 +142,16 @@ class _Gathered:
         self.finished: dict[tuple[str, int], pd.DataFrame] = {}
         self.new_records: dict[str, dict] = {}
 
-    def add(self, statuses: list, console: Console) -> bool:
-        """Take one round's statuses; whether any pair finished."""
+    def add(self, statuses: list, console: Console, metadata: dict) -> bool:
+        """Take one round's statuses (routing counts into ``metadata``); whether any pair
+        finished."""
         measured = [s for s in statuses if s and "pair" in s]
         for status in measured:
             self.finished[status["pair"]] = status["frame"]
             self.new_records.setdefault(status["pair"][0], status["record"])
             if status["dropped"]:
                 dropped_warning(console, *status["pair"], status["dropped"])
+            routing_note(console, metadata, *status["pair"], status.get("routing"))
         return bool(measured)
 
     def frame(self) -> pd.DataFrame:
@@ -210,7 +214,7 @@ def _measure_rounds(
                 worker.run(mine[r] if r < len(mine) else None, launch.rank), launch
             )
             errors = [s["error"] for s in statuses if s and "error" in s]
-            measured = gathered.add(statuses, console)
+            measured = gathered.add(statuses, console, metadata)
             metadata["models"] = gathered.model_records()
             if launch.is_main and measured:
                 frame = gathered.frame()

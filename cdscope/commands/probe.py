@@ -29,6 +29,7 @@ from cdscope.commands.workflow import (
     probe_metadata,
     record_drawn,
     result_frame,
+    routing_note,
     training_overlap,
 )
 from cdscope.core.control import ControlResult
@@ -118,6 +119,7 @@ class _Collected:
         self.metadata["models"] = [*models, record]
         if result.dropped:
             dropped_warning(self.console, spec, seed, result.dropped)
+        routing_note(self.console, self.metadata, spec, seed, result.routing)
         self.frames.append(result_frame(spec, seed, result))
         frame = self.frame()
         record_drawn(self.metadata, self.run.pool, self.run.settings.n, frame["seed"])

@@ -95,7 +95,8 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
 def load_audit(path: Path) -> RunOutput:
     """An audit's per-seed file and its summary (mean and paired rows) as an AuditResult."""
     per_seed, metadata = read_parquet(path)
-    per_seed = tidy(per_seed)
+    # before issue 36 the per-seed bootstrap spread was stored as ci_low / ci_high
+    per_seed = tidy(per_seed).rename(columns={"ci_low": "boot_low", "ci_high": "boot_high"})
     summary_path = sibling(path, "summary")
     if not summary_path.is_file():
         raise CdscopeError(

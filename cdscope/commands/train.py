@@ -35,7 +35,7 @@ from cdscope.lock import OutputLock
 from cdscope.messages import make_console, warn
 from cdscope.settings.names import TRAIN_AUTO_DTYPE
 from cdscope.settings.training import TrainConfig
-from cdscope.tasks.format import Task, default_task_paths, load_tasks
+from cdscope.tasks import Task, default_task_paths, load_tasks
 from cdscope.train.loop import train_hf
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult
 from cdscope.train.tracking import require_tracker

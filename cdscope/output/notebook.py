@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cdscope.output import html
-from cdscope.output.render import fmt_value, negatives, short_model_name
+from cdscope.output.render import NOT_COMPARABLE, fmt_value, negatives, short_model_name
 
 HEADLINE_HEADERS = ("model", "measure", "seeds", "mean ± SE", "Δ vs reference ± SE", "Δ < 0")
 
@@ -20,6 +20,11 @@ def headline_measures(summary: pd.DataFrame, headline: str) -> list[str]:
     """The headline measure and, where the probe allowed it, its noise-corrected twin."""
     twin = f"{headline}_unbiased"
     return [headline, *([twin] if (summary["measure"] == twin).any() else [])]
+
+
+def headline_note(measures: list[str]) -> str | None:
+    """What the headline says when it shows a noise-corrected twin (render.NOT_COMPARABLE)."""
+    return NOT_COMPARABLE if any(m.endswith("_unbiased") for m in measures) else None
 
 
 def headline_rows(
@@ -37,11 +42,16 @@ def _rows(summary: pd.DataFrame, paired: pd.DataFrame, measure: str) -> list[lis
     rows = []
     mine = summary[summary["measure"] == measure]
     deltas = paired[paired["measure"] == measure] if len(paired) else paired
+    clipped = summary[summary["measure"] == "gram_negative_mass"].set_index("model")["mean"]
     for row in mine.itertuples(index=False):
         unit = getattr(row, "value_unit", "fraction")
+        # a corrected measure carries the eigenvalue mass clipped to read it
+        label = measure
+        if measure.endswith("_unbiased") and row.model in clipped.index:
+            label += f" (clipped {fmt_value(float(clipped[row.model]))}%)"
         cells = [
             short_model_name(str(row.model)),
-            measure,
+            label,
             str(int(row.n_seeds)),
             f"{fmt_value(row.mean, unit)} ± {fmt_value(row.se, unit)}",
         ]
@@ -70,7 +80,8 @@ def _sizes(tables: dict[str, pd.DataFrame]) -> str:
 def audit_repr(command: str, headline: str, tables: dict[str, pd.DataFrame]) -> str:
     """A few lines: the audit, its models and seeds, the headline per model, the tables."""
     summary, paired = tables["summary"], tables["paired"]
-    rows = headline_rows(summary, paired, headline_measures(summary, headline))
+    measures = headline_measures(summary, headline)
+    rows = headline_rows(summary, paired, measures)
     headers = list(HEADLINE_HEADERS) if len(paired) else list(HEADLINE_HEADERS[:4])
     rows = [r[: len(headers)] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
@@ -81,6 +92,8 @@ def audit_repr(command: str, headline: str, tables: dict[str, pd.DataFrame]) -> 
     lines += [
         "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
+    note = headline_note(measures)
+    lines += [f"  note: {note}"] if note else []
     lines.append(f"  tables: {_sizes(tables)}")
     return "\n".join(lines)
 
@@ -88,10 +101,12 @@ def audit_repr(command: str, headline: str, tables: dict[str, pd.DataFrame]) -> 
 def audit_html(command: str, headline: str, tables: dict[str, pd.DataFrame]) -> str:
     """The same as ``audit_repr`` as an HTML table (a notebook's rich display)."""
     summary, paired = tables["summary"], tables["paired"]
-    rows = headline_rows(summary, paired, headline_measures(summary, headline))
+    measures = headline_measures(summary, headline)
+    rows = headline_rows(summary, paired, measures)
     headers = list(HEADLINE_HEADERS) if len(paired) else list(HEADLINE_HEADERS[:4])
     title = html.element("strong", html.text(_title(command, summary)))
-    body = html.table(headers, [r[: len(headers)] for r in rows], caption=_sizes(tables))
+    caption = "; ".join(filter(None, [headline_note(measures), _sizes(tables)]))
+    body = html.table(headers, [r[: len(headers)] for r in rows], caption=caption)
     return f"<div>{title}{body}</div>"
 
 

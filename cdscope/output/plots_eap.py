@@ -110,7 +110,7 @@ def _stat_strip(
         )  # fmt: skip
         row = summary[(summary["model"] == model) & (summary["statistic"] == key)].iloc[0]
         ax.errorbar(
-            i + 0.22, row["mean"], yerr=[[row["mean"] - row["ci_low"]], [row["ci_high"] - row["mean"]]],
+            i + 0.22, row["mean"], yerr=[[row["mean"] - row["boot_low"]], [row["boot_high"] - row["mean"]]],
             fmt="D", color="black", capsize=4, ms=5,
         )  # fmt: skip
     ax.set_xticks(range(len(models)), [short_label(m, 16) for m in models], fontsize=8)

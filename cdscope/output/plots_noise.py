@@ -46,7 +46,10 @@ def nsweep_figure(per_seed: pd.DataFrame, summary: pd.DataFrame, M: int) -> Figu
         ax.minorticks_off()
         ax.set_xlabel("probe samples per family n")
         ax.set_ylabel("B_shared(C) (%)")
-        ax.set_title(f"{short_label(str(model), 40)}: B_shared against n")
+        ax.set_title(
+            f"{short_label(str(model), 40)}: B_shared against n\n"
+            "(plain and corrected estimate different quantities: not comparable)"
+        )
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
     return fig

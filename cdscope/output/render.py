@@ -8,6 +8,7 @@ import pandas as pd
 from rich.table import Table
 from rich.text import Text
 
+from cdscope.analysis.noise import CLIPPED_MASS_WARN
 from cdscope.analysis.spectral import b_shared
 from cdscope.messages import VerbatimTable
 
@@ -104,9 +105,18 @@ def negatives(row: object) -> str:
 
 
 def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
-    """One row per model, one column per seed (percent), with the bootstrap interval over
+    """One row per model, one column per seed (percent), with the bootstrap spread over
     probe samples under each value when the probe carried per-sample data."""
-    table = VerbatimTable(title=title, title_justify="left")
+    spread = "boot_low" in per_seed and per_seed["boot_low"].notna().any()
+    table = VerbatimTable(
+        title=title,
+        title_justify="left",
+        caption="[ ]: bootstrap spread over the seed's probe samples (centred on the value); "
+        "not a confidence interval: its coverage at a few samples per family is unknown"
+        if spread
+        else None,
+        caption_justify="left",
+    )
     seeds = sorted(per_seed["seed"].unique())
     table.add_column("model", no_wrap=True)
     for seed in seeds:
@@ -119,7 +129,7 @@ def per_seed_table(per_seed: pd.DataFrame, measure: str, title: str) -> Table:
         cells = []
         for s in seeds:
             cell = Text(fmt_value(part["value"].get(s, nan), unit))
-            lo, hi = (part[c].get(s, nan) if c in part else nan for c in ("ci_low", "ci_high"))
+            lo, hi = (part[c].get(s, nan) if c in part else nan for c in ("boot_low", "boot_high"))
             if lo == lo and hi == hi:
                 cell.append(f"\n[{fmt_value(lo, unit)}, {fmt_value(hi, unit)}]", style="dim")
             cells.append(cell)
@@ -132,8 +142,7 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
     table = VerbatimTable(
         title=title,
         title_justify="left",
-        caption="fractions shown in %; Δ in percentage points; PR in gates; "
-        "seeds@80%: seeds a paired t-test needs to detect the chosen Δ",
+        caption=audit_caption(summary, paired),
         caption_justify="left",
     )
     table.add_column("model", no_wrap=True)
@@ -142,9 +151,9 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
     if not paired.empty:
         table.add_column("Δ vs ref ± SE", justify="right", no_wrap=True)
         table.add_column("Δ<0", justify="right", no_wrap=True)
-        table.add_column("95% CI of Δ", justify="right", no_wrap=True)
+        table.add_column("95% t-CI of Δ", justify="right", no_wrap=True)
         table.add_column("SD of Δ", justify="right", no_wrap=True)
-        table.add_column("seeds@80%", justify="right", no_wrap=True)
+        table.add_column("seeds@80% [range]", justify="right", no_wrap=True)
     labels = paired.apply(row_label, axis=1) if not paired.empty else None
     for _, row in summary.iterrows():
         label, unit = row_label(row), row.get("value_unit", "fraction")
@@ -170,7 +179,7 @@ def audit_table(summary: pd.DataFrame, paired: pd.DataFrame, title: str) -> Tabl
                     negatives(d),
                     f"[{fmt_value(d['ci_low'], unit, True)}, {fmt_value(d['ci_high'], unit, True)}]",
                     fmt_value(d.get("sd", float("nan")), unit),
-                    _seeds(d.get("seeds_needed", float("nan"))),
+                    seeds_cell(d),
                 ]
         table.add_row(*cells)
     return table
@@ -181,6 +190,40 @@ def _seeds(value: float) -> str:
     if value != value:
         return "n/a"
     return "> 100000" if value == float("inf") else f"{int(value)}"
+
+
+def seeds_cell(row: object) -> str:
+    """'17 [7, 579]': seeds needed for the target Δ and its range from the SD's chi-square
+    interval (a file written before the range: the count alone)."""
+    get = row.get  # type: ignore[attr-defined]
+    count = _seeds(float(get("seeds_needed", float("nan"))))
+    low, high = (float(get(c, float("nan"))) for c in ("seeds_needed_low", "seeds_needed_high"))
+    return count if low != low else f"{count} [{_seeds(low)}, {_seeds(high)}]"
+
+
+#: what every audit table says about the noise-corrected measures it may show
+NOT_COMPARABLE = (
+    "*_unbiased: noise-corrected estimator of another quantity than the plain measure "
+    "(the expected rows' Gram): never compare it with the plain value or with published "
+    "plain values; gram_negative_mass: share of its eigenvalue mass clipped "
+    f"(> {100 * CLIPPED_MASS_WARN:g}%: unreliable)"
+)
+
+
+def audit_caption(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
+    """The audit table's caption: units, what the seeds column detects, and the
+    noise-corrected measures' warning when they are shown."""
+    parts = ["fractions shown in %; Δ in percentage points; PR in gates"]
+    if not paired.empty and "detect" in paired and paired["detect"].notna().any():
+        target = 100 * float(paired["detect"].dropna().iloc[0])
+        parts.append(
+            f"seeds@80%: seeds a paired t-test (α 0.05) needs to detect the target "
+            f"Δ = {target:g} points (--detect; not the observed Δ), [range] from the SD's "
+            "95% chi-square interval"
+        )
+    if summary["measure"].astype(str).str.endswith("_unbiased").any():
+        parts.append(NOT_COMPARABLE)
+    return "; ".join(parts)
 
 
 def _captioned(title: str, caption: str, columns: tuple[str, ...]) -> Table:
@@ -217,8 +260,10 @@ def nsweep_table(summary: pd.DataFrame) -> Table:
     """nsweep: per model and n, plain and corrected B_shared(C) mean ± SE (percent)."""
     table = _captioned(
         "cdscope nsweep: B_shared(C) against n, mean ± SE over seeds",
-        "corrected: unbiased (U-statistic) Gram, needs n >= 2; clipped: "
-        "negative eigenvalue mass of that Gram",
+        "corrected: unbiased (U-statistic) Gram, needs n >= 2, an estimator of another "
+        "quantity: not comparable with plain (nor with published plain values); clipped: "
+        f"negative eigenvalue mass of that Gram (> {100 * CLIPPED_MASS_WARN:g}%: corrected "
+        "unreliable)",
         ("model", "n", "seeds", "plain (%)", "corrected (%)", "clipped (%)"),
     )
     cells = summary.set_index(["model", "n", "measure"])
@@ -268,10 +313,18 @@ def random_ref_table(stats: dict) -> Table:
 def gradcheck_table(frame: pd.DataFrame) -> Table:
     """Per (estimator, eps): cosine and relative error vs exact, per seed and worst case."""
     seeds = sorted(frame["seed"].unique())
+    caption = "* = default estimator; time = median seconds per gradient"
+    if "routing_decisions" in frame and frame["routing_decisions"].notna().any():
+        held = frame[["routing_decisions", "routing_switched", "routing_unheld"]].sum()
+        caption += (
+            f"; MoE: the perturbed forwards held each token's nominal experts, "
+            f"{int(held['routing_switched'])} of {int(held['routing_decisions'])} decisions "
+            f"would have switched ({int(held['routing_unheld'])} not held)"
+        )
     table = VerbatimTable(
         title="Regulariser gradient vs exact (cosine | relative L2 error)",
         title_justify="left",
-        caption="* = default estimator; time = median seconds per gradient",
+        caption=caption,
         caption_justify="left",
     )
     table.add_column("estimator", no_wrap=True)
@@ -317,27 +370,25 @@ def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict)
         for m, c in counts.items()
     )
     table = VerbatimTable(
-        title="Edge attribution per sample: mean [95% bootstrap interval]",
+        title="Edge attribution per sample: mean [95% bootstrap interval, not a CI]",
         title_justify="left",
         caption=caption + ("; Δ = model - baseline on the same samples" if len(paired) else ""),
         caption_justify="left",
     )
     for column in ("model", "statistic"):
         table.add_column(column, no_wrap=True)
-    for column in ("n", "mean", "95% CI"):
+    for column in ("n", "mean", "bootstrap 95%"):
         table.add_column(column, justify="right", no_wrap=True)
     if len(paired):
         table.add_column("Δ", justify="right", no_wrap=True)
-        table.add_column("95% CI of Δ", justify="right", no_wrap=True)
-        table.add_column("SD of Δ", justify="right", no_wrap=True)
-        table.add_column("seeds@80%", justify="right", no_wrap=True)
+        table.add_column("bootstrap 95% of Δ", justify="right", no_wrap=True)
     for row in summary.itertuples():
         cells = [
             short_model_name(str(row.model)),
             str(row.statistic),
             str(row.n),
             _g(row.mean),
-            f"[{_g(row.ci_low)}, {_g(row.ci_high)}]",
+            f"[{_g(row.boot_low)}, {_g(row.boot_high)}]",
         ]
         if len(paired):
             d = paired[(paired["model"] == row.model) & (paired["statistic"] == row.statistic)]
@@ -346,7 +397,7 @@ def eap_summary_table(summary: pd.DataFrame, paired: pd.DataFrame, counts: dict)
                 if d.empty
                 else [
                     _g(d["mean_diff"].iloc[0], True),
-                    f"[{_g(d['ci_low'].iloc[0], True)}, {_g(d['ci_high'].iloc[0], True)}]",
+                    f"[{_g(d['boot_low'].iloc[0], True)}, {_g(d['boot_high'].iloc[0], True)}]",
                 ]
             )
         table.add_row(*cells)

@@ -19,7 +19,12 @@ from typing import Any
 import pandas as pd
 
 from cdscope.output import html
-from cdscope.output.notebook import HEADLINE_HEADERS, headline_measures, headline_rows
+from cdscope.output.notebook import (
+    HEADLINE_HEADERS,
+    headline_measures,
+    headline_note,
+    headline_rows,
+)
 from cdscope.output.render import audit_table, convergence_table, per_seed_table, short_model_name
 from cdscope.output.render_runs import evidence_table, passk_table, train_table
 from cdscope.version import __version__
@@ -96,8 +101,8 @@ def audit_section(path: Path, result: Any, headline: str, figure: Any, verdict: 
     parts = [
         _header(path, result.command),
         _verdict(verdict),
-        html.element("h3", html.text(f"{' and '.join(measures)}: mean ± SE over seeds, in %")),
-        html.table(headers, rows),
+        html.element("h3", html.text(f"{', '.join(measures)}: mean ± SE over seeds, in %")),
+        html.table(headers, rows, caption=headline_note(measures)),
         html.figure(figure, f"{result.command} figure"),
         html.rich_table(per_seed_table(result.per_seed, headline, f"{headline} per seed (%)")),
         html.rich_table(

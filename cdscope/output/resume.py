@@ -10,7 +10,8 @@ measured again (``--resume=recompute``, which drops exactly the mismatching rows
   requested attention kernel (``load``);
 - each model (``model_identity``): the content hash of every file that decides its
   numbers (weights, config, tokenizer, chat template, generation config;
-  ``core.models.loading.model_source``), the dtype it computes in and the device type.
+  ``core.models.loading.model_source``), the dtype it computes in and the device type
+  (a served model of ``eval --endpoint``: its stated identity, the caller's ``identity``).
   The name and the resolved path are metadata, not identity: the same content given as
   ``models/base`` and ``./models/base`` is one model (its rows are kept under the new
   name), other content under the same name is another model;
@@ -55,6 +56,9 @@ ENVIRONMENT_KEYS = (
 )  # fmt: skip
 #: rows cdscope cannot have written: {(model, key value): why}, from the caller
 BadPairs = Callable[[pd.DataFrame], dict[tuple, str]]
+#: a model's identity now, by spec, where it is no local model's (eval --endpoint: the
+#: served model's stated identity, ``commands.engines.Server.identity``)
+Identity = Callable[[str], dict]
 
 
 def resume_mode(resume: bool | str | None) -> str | None:
@@ -130,10 +134,11 @@ class _Resume:
 
     def __init__(
         self, source: Path, metadata: dict, specs: Sequence[str], options: ModelOptions,
-        mode: str, console: Console, key: str,
+        mode: str, console: Console, key: str, identity: Identity | None = None,
     ) -> None:  # fmt: skip
         self.source, self.metadata, self.specs, self.options = source, metadata, specs, options
         self.mode, self.console, self.key = mode, console, key
+        self.identity = identity or (lambda spec: model_identity(spec, self.options))
 
     def refuse_or_note(self, problem: str, redo: str) -> None:
         """Mode keep: one line naming ``problem`` and how to ``redo`` it; recompute: a note
@@ -176,7 +181,7 @@ class _Resume:
         for spec in fresh:
             if not orphans:
                 break
-            now = model_identity(spec, self.options)
+            now = self.identity(spec)
             same = [n for n in orphans if recorded_identity(records.get(n, {})) == now]
             if same:
                 frame = frame.assign(model=frame["model"].replace(same[0], spec))
@@ -191,7 +196,7 @@ class _Resume:
         for spec in dict.fromkeys(frame["model"]):
             if spec not in self.specs:
                 continue  # not part of this run: kept as it is
-            now = model_identity(spec, self.options)
+            now = self.identity(spec)
             before = recorded_identity(records.get(spec, {}))
             if before == now:
                 continue
@@ -243,12 +248,13 @@ def reusable_rows(
     key: str = "seed",
     item_hashes: dict[str, str] | None = None,
     bad_pairs: BadPairs | None = None,
+    identity: Identity | None = None,
 ) -> tuple[pd.DataFrame, list[dict], dict]:
     """The earlier rows of ``source`` that this run may keep, their model records and the
     file's metadata. Raises a one-line ``CdscopeError`` on a mismatch in mode ``keep``;
     drops the mismatching rows (all of them when the run differs) in mode ``recompute``."""
     frame, old = read_parquet(source)
-    check = _Resume(source, metadata, model_specs, options, mode, console, key)
+    check = _Resume(source, metadata, model_specs, options, mode, console, key, identity)
     if not check.run_matches(old):
         return frame.iloc[0:0], [], old
     if "model" not in frame.columns or key not in frame.columns:
@@ -277,6 +283,7 @@ def resume_state(
     *,
     item_hashes: dict[str, str] | None = None,
     bad_pairs: BadPairs | None = None,
+    identity: Identity | None = None,
 ) -> ResumeState:
     """The one ``--resume`` entry of every command: nothing when not resuming or there is
     no earlier output, else ``reusable_rows`` of the interrupted run's progress file
@@ -287,7 +294,16 @@ def resume_state(
     if not mode or not source.is_file():
         return ResumeState()
     frame, models, old = reusable_rows(
-        source, metadata, model_specs, options, mode, console, key, item_hashes, bad_pairs
+        source,
+        metadata,
+        model_specs,
+        options,
+        mode,
+        console,
+        key,
+        item_hashes,
+        bad_pairs,
+        identity,
     )
     done = set(zip(frame["model"], frame[key], strict=True))
     dim(console, f"--resume: keeping {len(done)} finished (model, {key}) pair(s) from {source}")

@@ -31,21 +31,60 @@ class EvalSettings:
     batch_size: int | None = setting(
         None, ("--batch-size", "-b"), "Rows per generate call [default: n].", min=1
     )
-    backend: str = setting("hf", "--backend", "hf | vllm (if installed).")
+    backend: str = setting(
+        "hf", "--backend", "hf (transformers) | vllm (in-process; make setup-vllm)."
+    )
     timeout: float = setting(5.0, "--timeout", "Seconds per code test.", low=0.1, high=3600)
     workers: int = setting(2, "--workers", "Parallel code sandboxes.", min=1, max=256)
+    vllm_args: dict[str, object] = field(default_factory=dict)  # --vllm-arg KEY=VALUE
+    endpoint: str | None = setting(
+        None,
+        "--endpoint",
+        "OpenAI-compatible API base URL (e.g. http://127.0.0.1:8000/v1): the server "
+        "generates, no model is loaded here.",
+    )
+    served_model: str | None = setting(
+        None, "--served-model", "The server's model name [default: its only model]."
+    )
+    api_key_env: str = setting(
+        "OPENAI_API_KEY",
+        "--api-key-env",
+        "Environment variable holding the server's API key (sent when set).",
+    )
+    request_timeout: float = setting(
+        600.0, "--request-timeout", "Seconds per server request.", low=0.1, high=86400
+    )
+    retries: int = setting(
+        5, "--retries", "Retries of a server request on 429/5xx/lost connection.", min=0, max=100
+    )
+    concurrency: int = setting(4, "--concurrency", "Server requests in flight.", min=1, max=1024)
+    n_per_request: int | None = setting(
+        None, "--n-per-request", "Samples per server request [default: n].", min=1
+    )
 
     def tokens_for(self, domain: str) -> int:
         """Explicit DOMAIN=N, else '*' (one N for all), else the per-domain default."""
         default = DEFAULT_MAX_NEW_TOKENS.get(domain, FALLBACK_MAX_NEW_TOKENS)
         return self.max_new_tokens.get(domain, self.max_new_tokens.get("*", default))
 
+    @property
+    def engine(self) -> str:
+        """What generates: ``hf``, ``vllm`` or ``endpoint`` (``--endpoint`` given)."""
+        return "endpoint" if self.endpoint else self.backend
+
     def comparable(self) -> dict:
-        """The settings a resumed run must share with the file it extends."""
-        keep = ("n", "temperature", "top_p", "seed", "batch_size", "backend")
-        return {k: v for k, v in asdict(self).items() if k in keep} | {
-            "max_new_tokens": dict(sorted(self.max_new_tokens.items()))
-        }
+        """The settings a resumed run must share with the file it extends (an endpoint
+        run's also the split of n over requests: it decides the further requests' seeds)."""
+        keep = ("n", "temperature", "top_p", "seed", "batch_size")
+        split = {"n_per_request": self.n_per_request} if self.endpoint else {}
+        return (
+            {k: v for k, v in asdict(self).items() if k in keep}
+            | {
+                "backend": self.engine,
+                "max_new_tokens": dict(sorted(self.max_new_tokens.items())),
+            }
+            | split
+        )
 
 
 def parse_ks(text: str) -> list[int]:

@@ -96,9 +96,10 @@ class AuditSettings:
         max=100_000,
     )
     detect: float = setting(  # percentage points, as typed; the engine takes a fraction
-        5.0,
+        5.5,  # the paper's paired Delta B_shared, -5.5 +- 1.9 points (magnitude)
         "--detect",
-        "Paired Δ (percentage points) for the seeds-needed column (80% power, t-test).",
+        "Target Δ in percentage points that the seeds-needed column is for (80% power, "
+        "paired t-test; default: the paper's paired ΔB_shared; never the observed Δ).",
         low=0,
         high=100,
         low_open=True,

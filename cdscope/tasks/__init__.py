@@ -1,49 +1,35 @@
 """Verifiable tasks shared by ``cdscope train`` and ``cdscope eval`` (SPEC §5, §7).
 
-* ``format``    -- the Task record, loading/writing, the shipped train/eval sets
-* ``readers``   -- JSONL / Parquet / datasets folders in GSM8K, MATH, HumanEval, MBPP columns
-* ``verifiers`` -- ``verify`` / ``verify_many``; ``registry``: ``register_verifier`` and
-  the ``cdscope.verifiers`` entry points
-* ``answers``   -- final-answer extraction; ``numeric``: exact numbers and the form rule;
-  ``symbolic``: math-verify in killable worker processes
-* ``sanitize``  -- the program a code completion needs (EvalPlus's design)
-* ``logic``     -- structural checks per logic generator
-* ``code``      -- candidate programs (``prompt + code``) from completions
-* ``harness``   -- code verdicts: the tests run here, the candidate in the sandbox
-* ``sandbox``   -- the separate, rlimited, network-less process untrusted code runs in,
-  with a minimal root that hides the host's files; ``sandbox_child`` its bootstrap
+Three packages, each with one face, over one record:
 
+* ``record``   -- the ``Task`` record (the bottom: every package below uses it)
+* ``sandbox``  -- where model-written code runs (layers, one child, the wire format) and
+  the harness that decides a code verdict without trusting the program
+* ``judging``  -- how an answer is judged: ``verify`` / ``verify_many``, final answers,
+  exact numbers, math-verify, logic checks, programs from completions, the corpus
+* ``io``       -- task files and the benchmarks people bring; the contamination audit
+
+Imports go one way: record <- sandbox <- judging <- io (reading a task file checks its
+verifier kind). This face re-exports what most callers need; names load on first use.
 See docs/tasks.md.
 """
 
 from __future__ import annotations
 
-from cdscope.tasks.format import (
-    Task,
-    default_task_paths,
-    load_tasks,
-    task_from_probe_item,
-    write_tasks,
-)
-from cdscope.tasks.verifiers import (
-    VERIFIERS,
-    Verdict,
-    register_verifier,
-    verifier_kinds,
-    verify,
-    verify_many,
-)
+from cdscope.lazy import lazy_exports
 
-__all__ = [
-    "VERIFIERS",
-    "Task",
-    "Verdict",
-    "default_task_paths",
-    "load_tasks",
-    "register_verifier",
-    "task_from_probe_item",
-    "verifier_kinds",
-    "verify",
-    "verify_many",
-    "write_tasks",
-]
+_EXPORTS = {
+    "Task": "cdscope.tasks.record",
+    **dict.fromkeys(
+        ("VERIFIERS", "Verdict", "register_verifier", "verifier_kinds", "verify", "verify_many"),
+        "cdscope.tasks.judging",
+    ),
+    **dict.fromkeys(
+        ("default_task_paths", "load_tasks", "task_from_probe_item", "write_tasks"),
+        "cdscope.tasks.io",
+    ),
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -6,7 +6,8 @@ regulariser fitted those items. Two measurements tell a changed *model* apart:
 
 * ``--eval-every N``: pass@k per family on held-out tasks (``--eval-tasks``; default the
   held-out split of the training files, ``heldout_paths``), with ``cdscope eval``'s
-  estimator, seeds and verifiers (``core.evaluation``), into ``OUT/eval.parquet``;
+  estimator, seeds, engine and verifiers (``tasks.evaluation`` through
+  ``core.engines.HFEngine`` on the model in memory), into ``OUT/eval.parquet``;
 * ``--audit-every N``: B_shared, B_dir, B_norm and R of C on ``--audit-seeds`` draws of
   ``--audit-n`` items per family from the audit probe (default: the audit half of the
   training pool, ``core.probes.split_pool``; it shares no item with the training probe),
@@ -40,7 +41,7 @@ from rich.console import Console
 from cdscope.analysis.passk import summarize
 from cdscope.analysis.spectral import b_dir, b_norm
 from cdscope.core.batch import ProbeBatch, encode_probe
-from cdscope.core.evaluation import hf_generator, problem_samples, select
+from cdscope.core.engines.hf import HFEngine
 from cdscope.core.gating.model import GatedModel
 from cdscope.core.probes import ProbePool, draw_probe, item_overlap, load_pool, split_pool
 from cdscope.errors import CdscopeError
@@ -48,9 +49,9 @@ from cdscope.io import content_hash, read_parquet, write_parquet
 from cdscope.messages import warn
 from cdscope.settings import EvalSettings
 from cdscope.settings.training import TrainConfig
-from cdscope.tasks.contamination import audit, items_from_tasks
-from cdscope.tasks.format import Task, default_task_paths, load_tasks
-from cdscope.tasks.readers import split_source
+from cdscope.tasks import Task, default_task_paths, load_tasks
+from cdscope.tasks.evaluation import sample_problems, select
+from cdscope.tasks.io import audit, items_from_tasks, split_source
 from cdscope.tasks.sandbox import require_sandbox_for
 from cdscope.train.cdrft import measure_probe
 from cdscope.train.engine import gathered
@@ -268,15 +269,11 @@ class Evidence:
         settings = self.plan.eval_settings
         assert settings is not None
         model = self.gm.model
-        generate = hf_generator(model, self.tokenizer, settings)
+        engine = HFEngine(
+            model, self.tokenizer, settings.temperature, settings.top_p, settings.batch_size
+        )
         with gathered(model):  # sharded: all-gathered once for the whole generation
-            samples = pd.concat(
-                [
-                    problem_samples("policy", t, b, generate, settings)[0]
-                    for t, b in self.plan.eval_chosen
-                ],
-                ignore_index=True,
-            )
+            samples = sample_problems("policy", engine, self.plan.eval_chosen, settings)[0]
         table = summarize(samples, settings.ks)
         trained = set(self.metadata.get("training_families", []))
         return pd.DataFrame(

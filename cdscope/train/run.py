@@ -25,8 +25,7 @@ from torch import nn
 
 from cdscope.core.batch import ProbeBatch
 from cdscope.settings.training import TrainConfig
-from cdscope.tasks.format import Task
-from cdscope.tasks.verifiers import verify_many
+from cdscope.tasks import Task, verify_many
 from cdscope.train.evidence import EvidencePlan
 
 #: the per-step log of a run, ``OUT/log.parquet`` (both backends)

@@ -108,7 +108,7 @@ def test_cli_with_targets_and_baseline_writes_everything(
         "correct": 3,
     }
     assert plot.stat().st_size > 10_000
-    assert "info_complexity" in result.output and "95% CI of Δ" in result.output
+    assert "info_complexity" in result.output and "bootstrap 95% of Δ" in result.output
 
 
 def test_cli_scores_verified_generations_only(tiny_model_dir, tmp_path, monkeypatch) -> None:

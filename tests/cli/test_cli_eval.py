@@ -79,14 +79,18 @@ def test_resume_regenerates_exactly_the_missing_problems(tiny_model_dir, tmp_pat
     assert changed.exit_code == 2 and "different settings" in changed.output
 
 
-def _canned(texts: dict[str, list[str]]):
-    def make(_loaded, _settings):
-        def generate(task, _prompt, _max_new, _seed):
-            return texts[task.id], [len(t) for t in texts[task.id]]
+def _canned(monkeypatch, texts: dict[str, list[str]], tasks: list) -> None:
+    """The hf engine answers with ``texts`` (by task id) instead of sampling."""
+    from cdscope.core.engines import Generation, hf
 
-        return generate
+    by_prompt = {t.prompt: texts[t.id] for t in tasks if t.id in texts}
 
-    return make
+    class Canned(hf.HFEngine):
+        def generate(self, requests):
+            return [Generation(by_prompt[r.prompt], [len(t) for t in by_prompt[r.prompt]])
+                    for r in requests]  # fmt: skip
+
+    monkeypatch.setattr(hf, "HFEngine", Canned)
 
 
 @pytest.mark.skipif(not code_sandbox_available()[0], reason="no code sandbox on this machine")
@@ -101,7 +105,7 @@ def test_scoring_and_passk_with_canned_completions(tiny_model_dir, tmp_path, mon
         "    while True: pass\n",
         " ",
     ]
-    monkeypatch.setattr(ev, "hf_generator", _canned(texts))
+    _canned(monkeypatch, texts, load_tasks([tasks]))
     result = invoke("eval", "--model", tiny_model_dir, "--tasks", tasks, "--n", 4, "--k", "1,4",
                     "--timeout", 2, "--out", tmp_path / "o")  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -135,7 +139,11 @@ def test_a_benchmark_in_its_own_columns(tiny_model_dir, tmp_path, monkeypatch) -
     ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "quiz.parquet")
     texts = {"q1": ["#### 42", "Answer: 41"], "q2": ["\\boxed{\\text{Yes}}", "Answer: Yes or No"]}
-    monkeypatch.setattr(ev, "hf_generator", _canned(texts))
+    _canned(
+        monkeypatch,
+        texts,
+        load_tasks([tmp_path / "quiz.parquet"], columns="prompt=q,answer=a,id=uid,verifier=logic"),
+    )
     args = ["eval", "--model", tiny_model_dir, "--tasks", tmp_path / "quiz.parquet", "--n", 2]
     unmapped = invoke(*args, "--k", 1, "--out", tmp_path / "x")
     _fails_cleanly(unmapped, tmp_path / "x", "cannot tell the schema")
@@ -164,13 +172,13 @@ def test_bad_inputs_exit_2_with_one_line_and_no_file(tiny_model_dir, tmp_path, m
     _fails_cleanly(invoke(*base, "--tasks", bad), out, "bad.jsonl:6")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--n", 2, "--k", "1,5"), out, "n=2")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--k", "one"), out, "--k")
-    _fails_cleanly(invoke(*base, "--tasks", tasks, "--backend", "vllm"), out, "vllm")
+    _fails_cleanly(invoke(*base, "--tasks", tasks, "--backend", "vllm"), out, "make setup-vllm")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--max-new-tokens", "code:5"), out, "DOMAIN=N")
     hard = tmp_path / "hard.txt"
     hard.write_text("math/add/eval/0\nnot/a/task\n")
     _fails_cleanly(invoke(*base, "--tasks", tasks, "--hard", hard), out, "not/a/task")
     with_code = write_eval_tasks(tmp_path / "c.jsonl", code=True)
-    from cdscope.tasks import sandbox
+    from cdscope.tasks.sandbox import layers as sandbox
 
     monkeypatch.setattr(sandbox, "sandbox_available", lambda: (False, "no namespaces"))
     _fails_cleanly(invoke(*base, "--tasks", with_code), out, "no sandbox")

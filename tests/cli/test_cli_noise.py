@@ -58,7 +58,7 @@ def test_bshared_json_has_corrected_measures_intervals_and_seeds_needed(measured
             expected["B_shared_C_unbiased"]
         )
         for measure in ("B_shared_C", "R_C", "B_shared_C_unbiased", "R_C_unbiased"):
-            lo, hi = rows.loc[measure, "ci_low"], rows.loc[measure, "ci_high"]
+            lo, hi = rows.loc[measure, "boot_low"], rows.loc[measure, "boot_high"]
             assert np.isfinite(lo) and lo < hi
     paired = pd.DataFrame(payload["paired"]).set_index("measure")
     wide = per_seed[per_seed["measure"] == "B_shared_C"].pivot(
@@ -87,7 +87,7 @@ def test_plain_numbers_do_not_change_and_old_probe_files_stay_readable(measured,
     assert "per-sample columns absent" in result.stderr
     again = pd.DataFrame(json.loads(result.stdout.strip().splitlines()[-1])["per_seed"])
     assert "B_shared_C_unbiased" not in set(again["measure"])
-    assert again["ci_low"].isna().all()
+    assert again["boot_low"].isna().all()
     first = pd.DataFrame(payload["per_seed"])
     plain = first[first["measure"].isin(["B_shared_C", "R_C"])].reset_index(drop=True)
     np.testing.assert_allclose(again["value"], plain["value"], rtol=1e-12)

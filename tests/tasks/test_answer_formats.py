@@ -1,4 +1,4 @@
-"""The verifier corpus on every shipped task (``cdscope.tasks.corpus``): the reference
+"""The verifier corpus on every shipped task (``cdscope.tasks.judging.corpus``): the reference
 answer in at least ten formats passes; wrong, hedged and copy-the-prompt answers fail.
 
 On the previous verifier, 880 of 1,584 correct (task x format) math cases across nine
@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cdscope.tasks import load_tasks, verify, verify_many
-from cdscope.tasks.corpus import cases
-from cdscope.tasks.format import default_task_paths
+from cdscope.tasks import default_task_paths, load_tasks, verify, verify_many
+from cdscope.tasks.judging.corpus import cases
 from cdscope.tasks.sandbox import code_sandbox_available
 
 CANONICAL = Path(__file__).resolve().parents[1] / "data" / "humaneval_canonical.json"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cdscope.tasks.contamination import (
+from cdscope.tasks.io.contamination import (
     AuditItem,
     ReferenceIndex,
     assert_set,
@@ -130,7 +130,7 @@ def test_code_probes_are_audited_by_their_test_asserts(tmp_path) -> None:
     import json
 
     from cdscope.core.probes import load_pool
-    from cdscope.tasks.contamination import items_from_pool
+    from cdscope.tasks.io.contamination import items_from_pool
 
     tests = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"
     line = {

@@ -12,8 +12,7 @@ from collections import Counter
 import pytest
 
 from cdscope.resources import default_task_dir
-from cdscope.tasks import verify
-from cdscope.tasks.format import default_task_paths, load_tasks
+from cdscope.tasks import default_task_paths, load_tasks, verify
 from cdscope.tasks.sandbox import sandbox_available
 
 CURRICULUM = default_task_dir() / "curriculum"

@@ -13,8 +13,8 @@ import pytest
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks import load_tasks, register_verifier, verify
-from cdscope.tasks import registry as reg
-from cdscope.tasks.readers import with_mapping
+from cdscope.tasks.io.readers import with_mapping
+from cdscope.tasks.judging import registry as reg
 from cdscope.tasks.sandbox import code_sandbox_available
 
 GSM8K = [

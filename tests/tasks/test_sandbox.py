@@ -21,7 +21,7 @@ import pytest
 
 from cdscope.errors import CdscopeError
 from cdscope.tasks import Task, verify
-from cdscope.tasks import sandbox as sb
+from cdscope.tasks.sandbox import layers as sb
 from cdscope.tasks.sandbox import run_sandboxed, sandbox_available, sandbox_layers
 
 pytestmark = pytest.mark.skipif(not sandbox_available()[0], reason="no sandbox on this machine")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cdscope.tasks import sandbox_child as wire
+from cdscope.tasks.sandbox import child as wire
 
 VALUES = [
     None,

@@ -11,6 +11,7 @@ import pytest
 
 from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
+from cdscope.resources import default_task_dir
 from cdscope.tasks import (
     VERIFIERS,
     Task,
@@ -20,7 +21,6 @@ from cdscope.tasks import (
     verify,
     write_tasks,
 )
-from cdscope.tasks.format import default_task_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBES = ROOT / "cdscope" / "data" / "probes"  # shipped pools (package data)

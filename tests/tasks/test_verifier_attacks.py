@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from cdscope.errors import CdscopeError
-from cdscope.tasks import Task, load_tasks, verify, verify_many
-from cdscope.tasks import sandbox as sb
-from cdscope.tasks.format import default_task_paths
+from cdscope.tasks import Task, default_task_paths, load_tasks, verify, verify_many
+from cdscope.tasks.sandbox import layers as sb
 from cdscope.train.run import verifier_rewards
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,19 +13,12 @@ from pathlib import Path
 import pytest
 
 from cdscope.tasks import Task, verify, verify_many
-from cdscope.tasks.answers import find_final_answer
+from cdscope.tasks.judging.answers import find_final_answer
 from cdscope.tasks.sandbox import code_sandbox_available
+from tests.tasks.routes import ADD, forged_replies
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_sandbox = pytest.mark.skipif(not code_sandbox_available()[0], reason="no code sandbox")
-ADD = Task(
-    "code/add",
-    "code",
-    "def add(a, b):\n",
-    "code",
-    tests="def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 2) == 4\n",
-    entry_point="add",
-)
 GRID = "Now, find the shortest path from * to # in the following grid:\n* O\nO #\nSolution:\n"
 
 
@@ -165,20 +158,14 @@ def test_verdict_messages_come_from_the_parent() -> None:
 
 
 # The program writes its own reply frame: 4,096 tuples whose hashes collide
-# (hash(M*k + 1) == 1) and whose comparison walks 200 shared items first.
-COLLIDING_REPLY = """    import os, struct, json, time
-    M = 2**61 - 1
-    pad = list(range(200))
-    items = [{"t": [{"t": pad}, M * k + 1]} for k in range(1, 4097)]
-    body = json.dumps({"r": {"s": items}}, separators=(",", ":")).encode()
-    frame = struct.pack(">I", len(body)) + body
-    for fd in range(3, 64):
-        try:
-            os.write(fd, frame)
-        except OSError:
-            pass
-    time.sleep(60)
-"""
+# (hash(M*k + 1) == 1) and whose comparison walks 50 shared items first (under the
+# 262,144 values a reply may hold: more is refused before parsing, issue #38).
+COLLIDING_REPLY = forged_replies(
+    "    M = 2**61 - 1\n"
+    "    pad = list(range(50))\n"
+    '    items = [{"t": [{"t": pad}, M * k + 1]} for k in range(1, 4097)]\n'
+    '    body = json.dumps({"r": {"s": items}}, separators=(",", ":")).encode()\n'
+)
 
 
 @needs_sandbox
@@ -195,7 +182,7 @@ FRESH = textwrap.dedent(
     """
     from cdscope.tasks.record import Task
     from cdscope.tasks.sandbox import sandbox_layers
-    from cdscope.tasks.verifiers import verify_many
+    from cdscope.tasks.judging.verifiers import verify_many
     add = Task("c/add", "code", "def add(a, b):\\n", "code",
                tests="def check(candidate):\\n    assert candidate(1, 2) == 3\\n", entry_point="add")
     verdicts = verify_many([add, add], ["    return a + b\\n", "    return a - b\\n"], workers=2)

@@ -12,10 +12,10 @@ import pytest
 from cdscope.core.probes import load_pool
 from cdscope.errors import CdscopeError
 from cdscope.tasks import Task, task_from_probe_item, verify, verify_many
-from cdscope.tasks.answers import find_final_answer
-from cdscope.tasks.code import build_program, extract_code
-from cdscope.tasks.logic import check_shortest_path
-from cdscope.tasks.numeric import parse_number
+from cdscope.tasks.judging.answers import find_final_answer
+from cdscope.tasks.judging.code import build_program, extract_code
+from cdscope.tasks.judging.logic import check_shortest_path
+from cdscope.tasks.judging.numeric import parse_number
 from cdscope.tasks.sandbox import sandbox_available
 
 ROOT = Path(__file__).resolve().parents[2]

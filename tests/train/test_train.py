@@ -272,7 +272,7 @@ def test_cli_trains_with_the_real_verifiers_and_bshared_loads_the_result(
 def test_code_tasks_without_a_sandbox_are_refused_before_training(
     files, tmp_path: Path, monkeypatch
 ) -> None:
-    from cdscope.tasks import sandbox
+    from cdscope.tasks.sandbox import layers as sandbox
 
     monkeypatch.setattr(sandbox, "sandbox_available", lambda: (False, "no namespaces, no rlimits"))
     code_task = {

@@ -27,6 +27,14 @@ from cdscope.hooks import first_tensor, replace_first
 EXPERT_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
 
 
+def fused_experts(module: nn.Module) -> bool:
+    """Whether ``module`` is a fused experts module: its forward takes ``EXPERT_ARGS``."""
+    try:
+        return set(EXPERT_ARGS) <= set(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):  # a forward without a readable signature (a C builtin)
+        return False
+
+
 @dataclass
 class WriteSite:
     """One gate on a whole write: a forward hook multiplies the write module's output by

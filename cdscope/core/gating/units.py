@@ -33,7 +33,6 @@ forward (post-norm writes, whose output is not linear in the units, are refused)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from functools import partial
 
@@ -45,6 +44,7 @@ from cdscope.core.gates.sites import (
     ExpertSite,
     SliceSite,
     WriteSite,
+    fused_experts,
     out_in_weight,
     write_sites,
 )
@@ -133,11 +133,7 @@ def _head_count(model: nn.Module, proj: nn.Module, w: Write) -> int:
 
 def _expert_site(model: nn.Module, k: int, w: Write) -> ExpertSite:
     sub = model.get_submodule(w.sublayer)
-    fused = [
-        m
-        for n, m in sub.named_modules()
-        if n and set(EXPERT_ARGS) <= set(inspect.signature(m.forward).parameters)
-    ]
+    fused = [m for n, m in sub.named_modules() if n and fused_experts(m)]
     if len(fused) != 1:
         raise CdscopeError(
             f"layer {w.layer}: the MoE block {type(sub).__name__} has no fused experts module "

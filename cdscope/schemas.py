@@ -76,7 +76,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "measure_s": FLOAT, "regularizer_s": FLOAT, "projection_s": FLOAT, "step_s": FLOAT,
     # train: eval.parquet and audit.parquet (held-out evidence, train/evidence.py)
     "trained": BOOL, "samples": INT, "b_shared": FLOAT, "b_dir": FLOAT, "b_norm": FLOAT,
-    "families": STRING,
+    "b_shared_unbiased": FLOAT, "gram_negative_mass": FLOAT, "families": STRING,
 }  # fmt: skip
 #: names made from a prefix: the mean reward per training family, contamination counts per
 #: Jaccard threshold (``jaccard>=0.8``)

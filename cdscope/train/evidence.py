@@ -40,6 +40,7 @@ from rich.console import Console
 
 from cdscope.analysis.passk import summarize
 from cdscope.analysis.spectral import b_dir, b_norm
+from cdscope.analysis.uncertainty import corrected_measures
 from cdscope.core.batch import ProbeBatch, encode_probe
 from cdscope.core.engines.hf import HFEngine
 from cdscope.core.gating.model import GatedModel
@@ -302,6 +303,11 @@ class Evidence:
             began = time.perf_counter()
             measured = measure_probe(self.gm, batch, self.rows)
             C = measured.control.C_kept()  # noqa: N806
+            # the noise-corrected twin (needs n >= 2) and the eigenvalue mass clipped to read
+            # it: a separate quantity, never compared with the plain one (docs/bshared.md)
+            corrected = corrected_measures(
+                measured.control.kept_samples(), ["B_shared_C_unbiased"]
+            )
             rows.append(
                 {
                     "step": step,
@@ -310,6 +316,8 @@ class Evidence:
                     "b_dir": float(b_dir(C)),
                     "b_norm": float(b_norm(C)),
                     "R": measured.R,
+                    "b_shared_unbiased": corrected.get("B_shared_C_unbiased", math.nan),
+                    "gram_negative_mass": corrected.get("gram_negative_mass", math.nan),
                     "n": self.cfg.audit_n,
                     "families": ",".join(measured.families),
                     "seconds": time.perf_counter() - began,

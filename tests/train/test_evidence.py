@@ -123,7 +123,11 @@ def test_in_training_evidence_equals_the_commands_on_the_saved_model(
     per_seed = pd.read_parquet(tmp_path / "d.parquet")
     audits = read_parquet(out / AUDIT_NAME)[0]
     final = audits[audits["step"] == 3].set_index("seed")
-    for measure, column in (("B_shared_C", "b_shared"), ("B_dir", "b_dir"), ("B_norm", "b_norm")):
+    pairs = (
+        ("B_shared_C", "b_shared"), ("B_dir", "b_dir"), ("B_norm", "b_norm"),
+        ("B_shared_C_unbiased", "b_shared_unbiased"), ("gram_negative_mass", "gram_negative_mass"),
+    )  # fmt: skip
+    for measure, column in pairs:
         got = per_seed[per_seed["measure"] == measure].set_index("seed")["value"]
         for seed in (0, 1):
             assert final.loc[seed, column] == pytest.approx(got.loc[seed], rel=1e-5), measure

@@ -34,8 +34,8 @@ def load_average() -> str:
 
 def problems(limit: int) -> list:
     """The first ``limit`` problems of each shipped eval benchmark, in file order."""
-    from cdscope.commands.evaluate import select
     from cdscope.tasks import default_task_paths, load_tasks
+    from cdscope.tasks.evaluation import select
 
     return [task for task, _ in select(load_tasks(default_task_paths("eval")), limit)]
 
@@ -68,8 +68,8 @@ def engines(temperature: float, per_call: int):  # noqa: ANN201
 
 
 def requests_for(tasks: list, n: int, tokens: int):  # noqa: ANN201
-    from cdscope.commands.evaluate import problem_seed
     from cdscope.core.engines import GenRequest
+    from cdscope.tasks.evaluation import problem_seed
 
     return [GenRequest(t.prompt, n, tokens, problem_seed(0, t.id)) for t in tasks]
 

@@ -19,11 +19,18 @@ the CD-RFT arm, i.e. what CD-RFT adds to a GRPO step that does not measure the p
 
     .venv/bin/python benchmarks/bench_train.py [--steps 2] [--max-new-tokens 64] [--k-max 12] [--tau 70]
     .venv/bin/python benchmarks/bench_train.py --steps 1 --max-new-tokens 512   # reference length
+
+``--compare-plain`` (issue 35) times the lean GRPO step against its plain twin instead
+(``benchmarks/step_compare.py``): the same rollouts, the replication geometry, medians;
+``--json F`` writes ``step_ratio`` and ``grad_max_rel_diff`` there.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_train.py --compare-plain --json F
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
@@ -54,6 +61,16 @@ def main() -> None:
     parser.add_argument("--estimator", default=defaults.estimator)
     parser.add_argument("--eps", type=float, default=defaults.eps)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_train.parquet"))
+    parser.add_argument(
+        "--compare-plain", action="store_true",
+        help="time the lean GRPO step against --plain-step on the same rollouts instead "
+        "(every other option is then step_compare.py's: --steps, --json F, ...)",
+    )  # fmt: skip
+    if "--compare-plain" in sys.argv[1:]:
+        import step_compare
+
+        step_compare.main([a for a in sys.argv[1:] if a != "--compare-plain"])
+        return
     args = parser.parse_args()
 
     from rich.console import Console

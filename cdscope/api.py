@@ -178,11 +178,13 @@ def measure(
     batch_size: int | None = None,
     progress: bool = True,
     granularity: str = SUBLAYER,
+    probe_split: str = "all",
 ) -> pd.DataFrame:
     """C, F and l_m of one model or a list of models on probe seeds ``0..seeds-1`` (or the
     given seeds), ``n`` items per family: one row per (model, seed, family, gate), the
     schema of ``cdscope probe``'s Parquet; its metadata is in ``frame.attrs["cdscope"]``.
-    ``granularity``: sublayer | head | expert | neuron (docs/granularity.md)."""
+    ``granularity``: sublayer | head | expert | neuron (docs/granularity.md);
+    ``probe_split``: all | train | audit, the half of the pool drawn from (docs/probes.md)."""
     from cdscope.commands.probe import collect_control
     from cdscope.commands.requests import ProbeRun
 
@@ -192,7 +194,10 @@ def measure(
         batch_size = _whole("batch_size", batch_size, 1, COUNT_MAX)
     if not isinstance(progress, bool):
         raise CdscopeError(f"progress must be True or False, not {progress!r}")
-    settings = ProbeSettings(chosen, n, template, estimator, batch_size, granularity=granularity)
+    settings = ProbeSettings(
+        chosen, n, template, estimator, batch_size,
+        granularity=granularity, probe_split=probe_split,
+    )  # fmt: skip
     given = list(model) if isinstance(model, list | tuple) else [model]
     models = [load_model(m) for m in given]
     console = make_console(quiet=not progress)
@@ -203,7 +208,10 @@ def measure(
 
 #: the keyword arguments ``bshared`` / ``acg`` / ``decompose`` pass on to ``measure``
 MEASURE_OPTIONS = frozenset(
-    {"probe", "seeds", "n", "template", "estimator", "batch_size", "progress", "granularity"}
+    {
+        "probe", "seeds", "n", "template", "estimator", "batch_size", "progress",
+        "granularity", "probe_split",
+    }  # fmt: skip
 )
 
 

@@ -68,11 +68,15 @@ COLUMNS: dict[str, pa.DataType] = {
     "against": STRING, "items": INT, "exact": INT, "normalised": INT, "code_items": INT,
     "same_asserts": INT, "max_jaccard": FLOAT, "max_pair": STRING,
     # train: log.parquet (both backends)
-    "step": INT, "reward": FLOAT, "kl": FLOAT, "grad_norm_backbone": FLOAT, "lr": FLOAT,
-    "completion_tokens": INT, "b_shared_before": FLOAT, "r_before": FLOAT,
+    "step": INT, "reward": FLOAT, "kl": FLOAT, "grad_norm_rl": FLOAT, "lr": FLOAT,
+    "completion_tokens": INT, "skipped_fraction": FLOAT, "b_shared_before": FLOAT,
+    "audit_b_shared": FLOAT, "grad_norm_reg": FLOAT, "r_before": FLOAT,
     "b_shared_after_update": FLOAT, "b_shared_after": FLOAT, "r_after": FLOAT,
     "r_regularizer": FLOAT, "proj_iters": INT, "rollout_s": FLOAT, "backbone_s": FLOAT,
     "measure_s": FLOAT, "regularizer_s": FLOAT, "projection_s": FLOAT, "step_s": FLOAT,
+    # train: eval.parquet and audit.parquet (held-out evidence, train/evidence.py)
+    "trained": BOOL, "samples": INT, "b_shared": FLOAT, "b_dir": FLOAT, "b_norm": FLOAT,
+    "b_shared_unbiased": FLOAT, "gram_negative_mass": FLOAT, "families": STRING,
 }  # fmt: skip
 #: names made from a prefix: the mean reward per training family, contamination counts per
 #: Jaccard threshold (``jaccard>=0.8``)

@@ -208,6 +208,20 @@ def write_tasks_file(path: Path, families=("code", "logic", "math"), per_family:
     return path
 
 
+def train_files(directory: Path, pool_per_family: int = 4) -> dict[str, Path]:
+    """A training run's task file and probe pool (math, code, logic) in ``directory``."""
+    return {
+        "tasks": write_tasks_file(directory / "tasks.jsonl"),
+        "pool": write_pool(
+            directory / "pool.jsonl", dict.fromkeys(("math", "code", "logic"), pool_per_family)
+        ),
+    }
+
+
+#: the per-step log's wall-time columns: the only ones two runs of one step may differ in
+TIMING_COLUMNS = ["rollout_s", "backbone_s", "measure_s", "regularizer_s", "projection_s", "step_s"]
+
+
 def config(files: dict[str, Path], out: Path, **changes) -> TrainConfig:
     base = TrainConfig(
         model="tiny-llama", out_dir=str(out), steps=4, prompts_per_step=3, group_size=2,
@@ -296,3 +310,27 @@ def run_launcher(cmd: list[str], timeout: float, **kwargs) -> subprocess.Complet
             proc.communicate()
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def per_sample_grpo_grads(model, r, adv, beta, ref):  # noqa: ANN001, ANN201
+    """The GRPO gradient's slow twin: a per-sample loop on unpadded sequences,
+    sum_i sum_t (-A_i logp_it + beta k3) / tokens (one policy update: rho = 1 in value).
+    Returns each parameter's gradient (None where none reached it)."""
+    model.zero_grad(set_to_none=True)
+    total = int(r.completion_mask.sum())
+    for i in range(r.completion_ids.shape[0]):
+        prompt = r.prompt_ids[i][r.prompt_mask[i]]
+        completion = r.completion_ids[i][r.completion_mask[i]]
+        ids = torch.cat([prompt, completion])[None]
+
+        def logp_of(m, ids=ids, prompt=prompt, completion=completion):  # noqa: ANN001, ANN202
+            logits = m(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            return torch.log_softmax(logits, -1).gather(-1, completion[:, None]).squeeze(-1)
+
+        logp = logp_of(model)
+        loss = -adv[i] * logp.sum()
+        if beta:
+            delta = logp_of(ref).detach() - logp
+            loss = loss + beta * (torch.exp(delta) - delta - 1).sum()
+        (loss / total).backward()
+    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]

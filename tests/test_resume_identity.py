@@ -225,7 +225,9 @@ def test_train_resume_compares_probe_and_task_contents_not_paths(tmp_path) -> No
     cfg = config(files, out, steps=2, save_every=1)
     run(cfg, stop_after=1)
     pool = files["pool"].read_text()
-    files["pool"].write_text(pool.replace("answer", "result", 1))  # edited in place
+    # edited in place (every target: the training probe's half included; an edit of the
+    # audit half alone leaves the training probe, and so the run, as it was)
+    files["pool"].write_text(pool.replace("answer", "result"))
     with pytest.raises(CdscopeError, match="probe content differs"):
         run(cfg, resume=True)
     files["pool"].write_text(pool)

@@ -40,13 +40,15 @@ def audit_request(values: dict, model_settings: ModelSettings):  # noqa: ANN201 
 
     from_path, resume = values["from_path"], resume_arg(values["resume"], values["recompute"])
     if from_path is not None:
-        measuring = {key: True for key in ("resume", "seeds", "probe", "batch_size") if values[key]}
+        given = ("resume", "seeds", "probe", "batch_size", "probe_split")
+        measuring = {key: True for key in given if values[key]}
         refuse_with_from(measuring | model_settings.changed())
     explicit = {key: values[key] for key in ("n", "template", "granularity")}
     settings = ProbeSettings(
         tuple(range(values["seeds"] or AuditSettings.seeds)),
         **{key: value for key, value in explicit.items() if value is not None},
         batch_size=values["batch_size"],
+        probe_split=values["probe_split"] or ProbeSettings.probe_split,
     )
     return ProbeRequest(
         out=check_parquet_output(values["out"]),
@@ -127,6 +129,7 @@ def _audit_parameters(command: str, gate: bool) -> list[inspect.Parameter]:
         ("model", ModelOpt, None), ("seeds", annotated(AuditSettings, "seeds", unset=True, in_sentence=True), None),
         ("n", annotated(ProbeSettings, "n", unset=True, in_sentence=True), None),
         ("probe", ProbeOpt, None),
+        ("probe_split", annotated(ProbeSettings, "probe_split", unset=True, in_sentence=True), None),
         ("template", annotated(ProbeSettings, "template", unset=True, in_sentence=True), None),
         ("out", out_opt, Path(f"results/{command}.parquet")), ("plot", PlotOpt, None),
         ("as_json", JsonOpt, False), *gate_opt,

@@ -34,7 +34,7 @@ from cdscope.settings import GradcheckSettings, ModelSettings, ProbeSettings
 @app.command()
 @user_errors
 @with_settings(ModelSettings, "model_settings")
-def probe(  # size: 15 parameters, each one command-line option (Typer reads the signature)
+def probe(  # size: 16 parameters, each one command-line option (Typer reads the signature)
     model: ModelOpt = None,
     seeds: SeedsOpt = 1,
     n: annotated(ProbeSettings, "n") = ProbeSettings.n,
@@ -48,6 +48,7 @@ def probe(  # size: 15 parameters, each one command-line option (Typer reads the
     fd_order: annotated(ProbeSettings, "fd_order") = ProbeSettings.fd_order,
     batch_size: annotated(ProbeSettings, "batch_size") = None,
     granularity: annotated(ProbeSettings, "granularity") = ProbeSettings.granularity,
+    probe_split: annotated(ProbeSettings, "probe_split") = ProbeSettings.probe_split,
     resume: ResumeOpt = False,
     as_json: JsonOpt = False,
     recompute: RecomputeOpt = False,
@@ -67,8 +68,9 @@ def probe(  # size: 15 parameters, each one command-line option (Typer reads the
     from cdscope.output.render import seed_summary_table
 
     settings = ProbeSettings(
-        tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order, granularity
-    )
+        tuple(range(seeds)), n, template, estimator, batch_size, fd_step, fd_order, granularity,
+        probe_split,
+    )  # fmt: skip
     options = ModelOptions.from_settings(model_settings)
     target = check_parquet_output(out)
     pool = load_pool(probe)

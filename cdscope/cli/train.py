@@ -34,6 +34,25 @@ PresetOpt = Annotated[
         "--preset", help="reference (SPEC §5 defaults) | cpu-smoke (a few minutes on CPU)."
     ),
 ]
+EvalTasksOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--eval-tasks",
+        help="Held-out task file(s) of --eval-every (default: the held-out split of --tasks: "
+        ".../eval/NAME beside each .../train/NAME, else the shipped eval sets).",
+    ),
+]
+EvalKOpt = Annotated[
+    str | None, typer.Option("--eval-k", help="k values of --eval-every's pass@k [default: 1].")
+]
+AuditProbeOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--audit-probe",
+        help="Probe pool file(s) of --audit-every (default: the audit half of the training "
+        "pool, which shares no item with the training probe).",
+    ),
+]
 TrlArgOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -49,12 +68,15 @@ TrlArgOpt = Annotated[
 @app.command("train")
 @user_errors
 @with_settings(TrainConfig, "explicit", unset=True)
-def train_command(  # size: 9 parameters, each one command-line option (Typer reads the signature)
+def train_command(  # size: 12 parameters, each one command-line option (Typer reads the signature)
     out_dir: OutDirOpt = Path("runs/train"),
     probe: ProbeOpt = None,
     resume: ResumeRunOpt = False,
     tasks: TrainTasksOpt = None,
     task_columns: TaskColumnsOpt = None,
+    eval_tasks: EvalTasksOpt = None,
+    eval_k: EvalKOpt = None,
+    audit_probe: AuditProbeOpt = None,
     preset: PresetOpt = None,
     trl_arg: TrlArgOpt = None,
     as_json: JsonOpt = False,
@@ -68,8 +90,12 @@ def train_command(  # size: 9 parameters, each one command-line option (Typer re
     tau (at most K_max plain steps of size eta_proj). Both arms log B_shared and R on the
     probe before/after each step to OUT/log.parquet; checkpoints go to OUT/checkpoints
     (--resume continues exactly); the final model is a Hugging Face folder OUT/final.
+    The training probe comes from the train half of the pool; --eval-every and
+    --audit-every log held-out pass@k (OUT/eval.parquet) and B_shared on the audit half
+    (OUT/audit.parquet) while it trains (docs/train.md).
     """
     from cdscope.commands.train import run_train
+    from cdscope.settings import parse_ks
     from cdscope.tasks.io import with_mapping
 
     explicit = dict(explicit or {})  # the TrainConfig options given
@@ -77,20 +103,36 @@ def train_command(  # size: 9 parameters, each one command-line option (Typer re
         out_dir=str(out_dir),
         tasks=tuple(with_mapping(p, task_columns) for p in tasks or ()),
         probe_files=tuple(str(p) for p in probe or ()),
+        eval_tasks=tuple(str(p) for p in eval_tasks or ()),
+        audit_probe=tuple(str(p) for p in audit_probe or ()),
     )
+    if eval_k is not None:
+        explicit["eval_k"] = tuple(parse_ks(eval_k))
     if trl_arg:
         explicit["extra"] = {"trl": key_values(trl_arg, "--trl-arg", "use_vllm=true")}
     cfg = TrainConfig().with_preset(preset, explicit)
     result = run_train(cfg, resume=resume, console=err_console)
     if as_json:
         outputs = {"log": str(result.out_dir / "log.parquet")}
+        for name, frame in (("eval", result.eval), ("audit", result.audit)):
+            if frame is not None:
+                outputs[name] = str(result.out_dir / f"{name}.parquet")
         if result.final_dir is not None:
             outputs["final"] = str(result.final_dir)
-        print_json("train", {"log": result.log}, outputs=outputs)
+        tables = {"log": result.log}
+        tables.update(
+            {k: v for k, v in (("eval", result.eval), ("audit", result.audit)) if v is not None}
+        )
+        print_json("train", tables, outputs=outputs)
     else:
-        from cdscope.output.render_runs import train_table
+        from cdscope.output.render_runs import evidence_table, train_table
 
         out_console.print(train_table(result.log, cfg.regularizer))
+        if result.eval is not None or result.audit is not None:
+            out_console.print(evidence_table(result.log, result.audit, result.eval))
     wrote(err_console, str(result.out_dir / "log.parquet"))
+    for name, frame in (("eval", result.eval), ("audit", result.audit)):
+        if frame is not None:
+            wrote(err_console, str(result.out_dir / f"{name}.parquet"), f"held-out {name}")
     if result.final_dir is not None:
         wrote(err_console, str(result.final_dir), "final model")

@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from rich.console import Console
 
@@ -36,7 +35,7 @@ from cdscope.analysis.passk import check_ks, summarize
 from cdscope.commands.engines import Server, check_engine, connect, identity_for, open_engine
 from cdscope.commands.requests import EvalRequest
 from cdscope.commands.workflow import distinct_models, load_record
-from cdscope.core.engines import Generation, GenRequest
+from cdscope.core.engines import Generation
 from cdscope.core.models.opening import ModelOptions
 from cdscope.distributed import single_process_only
 from cdscope.errors import CdscopeError
@@ -45,7 +44,13 @@ from cdscope.io import check_writable, content_hash, run_metadata, write_parquet
 from cdscope.messages import make_console, progress_bar
 from cdscope.output.resume import resume_state
 from cdscope.settings import EvalSettings
-from cdscope.tasks.io import audit, benchmark_of, items_from_tasks, reference_sets
+from cdscope.tasks.evaluation import (
+    gen_request,
+    sample_rows,
+    score_completions,
+    select,
+)
+from cdscope.tasks.io import audit, items_from_tasks, reference_sets
 from cdscope.tasks.sandbox import require_sandbox_for
 
 COMPLETION_COLUMNS = [
@@ -69,31 +74,6 @@ class EvalResult:
     stats: pd.DataFrame  # per model: problems, samples, tokens, tokens/s, verify share, empty
     metadata: dict
     models: list[str] = field(default_factory=list)  # the models evaluated, in order
-
-
-def problem_seed(seed: int, problem_id: str) -> int:
-    """The generation seed of one problem: a function of (run seed, problem id) only."""
-    digest = hashlib.sha256(problem_id.encode()).digest()
-    words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
-    return int(np.random.SeedSequence([seed, *words]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def select(
-    tasks: Sequence, limit: int | None, sources: Mapping[str, str] | None = None
-) -> list[tuple[object, str]]:
-    """(task, benchmark) for the first ``limit`` tasks of each benchmark, in file order;
-    ``sources``: task id -> the name of its file (``benchmark_of``)."""
-    if limit is not None and limit < 1:
-        raise CdscopeError(f"--limit must be >= 1, got {limit}")
-    sources = sources or {}
-    taken: dict[str, int] = {}
-    out = []
-    for task in tasks:
-        bench = benchmark_of(task.id, task.family, task.meta, sources.get(task.id))
-        if limit is None or taken.get(bench, 0) < limit:
-            taken[bench] = taken.get(bench, 0) + 1
-            out.append((task, bench))
-    return out
 
 
 def eval_outputs(
@@ -164,22 +144,6 @@ def check_backend(backend: str) -> None:
     """``--backend`` by name, and vLLM importable for ``vllm`` (``engines.check_engine``
     checks every engine option together)."""
     check_engine(EvalSettings(backend=backend), ModelOptions(), model_given=False)
-
-
-def _score(tasks: list, texts: list[str], settings: EvalSettings) -> list[tuple[bool, str]]:
-    from cdscope.tasks import verify_many
-
-    todo = [i for i, t in enumerate(texts) if t.strip()]
-    verdicts = verify_many(
-        [tasks[i] for i in todo],
-        [texts[i] for i in todo],
-        timeout=settings.timeout,
-        workers=settings.workers,
-    )
-    out = [(False, "empty completion")] * len(texts)
-    for i, v in zip(todo, verdicts, strict=True):
-        out[i] = (bool(v.passed), v.message)
-    return out
 
 
 def evaluate(
@@ -296,7 +260,9 @@ class _Sampler:
             for lo in range(0, len(todo), engine.per_call):
                 chunk = todo[lo : lo + engine.per_call]
                 t0 = time.perf_counter()
-                generations = engine.generate([self.request_of(task) for task, _ in chunk])
+                generations = engine.generate(
+                    [gen_request(task, self.request.settings) for task, _ in chunk]
+                )
                 record["generate_s"] += time.perf_counter() - t0
                 for (task, bench), generation in zip(chunk, generations, strict=True):
                     self.problem(spec, task, bench, generation, record)
@@ -314,43 +280,18 @@ class _Sampler:
         record["wall_s"] = time.perf_counter() - t_model
         return record
 
-    def request_of(self, task: object) -> GenRequest:
-        """What an engine is asked for one problem: n completions of its prompt under
-        the problem's own seed, at most its domain's token cap."""
-        settings = self.request.settings
-        return GenRequest(
-            task.prompt,  # type: ignore[attr-defined]
-            settings.n,
-            settings.tokens_for(task.family),  # type: ignore[attr-defined]
-            problem_seed(settings.seed, task.id),  # type: ignore[attr-defined]
-        )
-
     def problem(
         self, spec: str, task: object, bench: str, generation: Generation, record: dict
     ) -> None:
         """The completions of one problem, verified, as rows; ``record`` counts them."""
         texts = generation.texts
         t1 = time.perf_counter()
-        verdicts = _score([task] * len(texts), texts, self.request.settings)
+        verdicts = score_completions([task] * len(texts), texts, self.request.settings)
         record["verify_s"] += time.perf_counter() - t1
         record["tokens"] += int(generation.total_tokens)
         record["samples"] += len(texts)
         record["empty"] += sum(not t.strip() for t in texts)
-        self.frames.append(
-            pd.DataFrame(
-                dict(
-                    model=spec,
-                    benchmark=bench,
-                    domain=task.family,
-                    problem_id=task.id,
-                    sample=np.arange(len(texts)),
-                    completion=texts,
-                    passed=[v[0] for v in verdicts],
-                    message=[v[1] for v in verdicts],
-                    generated_tokens=pd.array(generation.tokens, dtype="Int64"),
-                )
-            )
-        )
+        self.frames.append(sample_rows(spec, task, bench, generation, verdicts))
 
     def write(self, outputs: FileSet) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Write samples and pass@k into ``outputs``; the chosen models' and problems'

@@ -10,6 +10,7 @@ atomically after every finished seed, so an interrupted run keeps what it finish
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,10 +30,12 @@ from cdscope.commands.workflow import (
     record_drawn,
     result_frame,
     routing_note,
+    training_overlap,
 )
 from cdscope.core.control import ControlResult
 from cdscope.core.models import LoadedModel
-from cdscope.distributed import launch_env
+from cdscope.core.probes import split_pool
+from cdscope.distributed import is_main_process, launch_env
 from cdscope.errors import CdscopeError
 from cdscope.fileset import FileSet, partial_path
 from cdscope.io import write_parquet
@@ -57,10 +60,18 @@ def collect_control(
     (``WORLD_SIZE`` > 1) the pairs are shared across ranks and rank 0 writes
     (``cdscope.commands.parallel``). ``on_result(spec, seed, result)`` sees each finished
     measurement (one process only).
+
+    The draws come from ``run.settings.probe_split``'s half of ``run.pool``; a model whose folder
+    records a training probe (``core.probes.TRAINING_PROBE_FILE``) that shares items with
+    those draws gets a one-line warning (``workflow.training_overlap``).
     """
     console = console or make_console()
     resume_mode(run.resume)  # a wrong mode is refused before anything loads
     distinct_models(run.names)
+    run = dataclasses.replace(run, pool=split_pool(run.pool, run.settings.probe_split))
+    overlap = {}  # model -> the items of its training probe that this run draws
+    if is_main_process():
+        overlap = training_overlap(run.models, run.names, run.pool, run.settings, console)
     launch = launch_env()
     loaded = any(isinstance(m, LoadedModel) for m in run.models)
     if launch.active and (run.out is None or loaded):
@@ -74,6 +85,7 @@ def collect_control(
             frame, metadata = collect_control_parallel(launch, run, console, outputs)
         else:
             frame, metadata = _collect(run, console, on_result, outputs)
+        metadata["training_probe_overlap"] = overlap  # model -> its training items drawn here
         if run.out is not None and outputs is not None:
             outputs.write_parquet(frame, run.out, metadata)
             outputs.remove_on_commit(partial_path(run.out))

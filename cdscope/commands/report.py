@@ -6,7 +6,8 @@ Each RUN_OUTPUT is one run, found by what it is:
   set: ``OUT.summary`` / ``.convergence`` / ``.probe.parquet``); the summary file beside it
   is required, the convergence file is read when present;
 * an evaluation: its ``--out-dir`` (or the ``passk.parquet`` / ``samples.parquet`` in it);
-* a training run: its ``--out-dir`` (or the ``log.parquet`` in it).
+* a training run: its ``--out-dir`` (or the ``log.parquet`` in it), with its held-out
+  evidence (``eval.parquet``, ``audit.parquet``) when the run took it.
 
 The kind comes from the ``command`` in the file's cdscope metadata, never from a name
 alone. Every number on the page is read from these files (nothing is measured again);
@@ -32,6 +33,8 @@ from cdscope.io import atomic_write_bytes, check_writable, read_parquet
 AUDIT_SIBLINGS = ("summary", "convergence", "probe")
 EVAL_FILES = ("passk.parquet", "samples.parquet")
 TRAIN_FILE = "log.parquet"
+#: a training run's held-out evidence beside its log (train/evidence.py), read when present
+EVIDENCE_FILES = ("eval.parquet", "audit.parquet")
 
 
 @dataclass
@@ -117,9 +120,9 @@ def load_audit(path: Path) -> RunOutput:
 
 
 def _load_dir(path: Path, kind: str) -> RunOutput:
-    names = EVAL_FILES if kind == "eval" else (TRAIN_FILE,)
+    names = EVAL_FILES if kind == "eval" else (*EVIDENCE_FILES, TRAIN_FILE)
     tables, metadata = {}, {}
-    for name in names:
+    for name in names:  # the log (train) is read last: its metadata is the run's
         if (path / name).is_file():
             tables[name.removesuffix(".parquet")], metadata = read_parquet(path / name)
     return RunOutput(kind, path, metadata, tables)
@@ -183,13 +186,17 @@ def section(run: RunOutput) -> str:
         passk = run.tables.get("passk")
         figure = passk_figure(passk) if passk is not None and len(passk) else None
         return report_html.eval_section(run.path, run.tables, run.metadata, figure)
-    from cdscope.output.plots_train import train_figure
+    from cdscope.output.plots_train import evidence_figure, train_figure
 
     config = run.metadata.get("config") or {}
     log = run.tables["log"]
     regularizer = str(config.get("regularizer", "cdrft"))
     figure = train_figure(log, regularizer, config.get("tau")) if len(log) else None
-    return report_html.train_section(run.path, log, run.metadata, figure)
+    audit, evals = run.tables.get("audit"), run.tables.get("eval")
+    evidence = (
+        evidence_figure(log, audit, evals) if audit is not None or evals is not None else None
+    )
+    return report_html.train_section(run.path, run.tables, run.metadata, figure, evidence)
 
 
 def build_report(paths: list[Path], out: Path, fail_above: float | None = None) -> list[RunOutput]:

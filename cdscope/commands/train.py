@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from cdscope.commands.workflow import model_record
-from cdscope.core.probes import load_pool
+from cdscope.core.probes import draw_probe, load_pool, split_pool
 from cdscope.distributed import (
     is_main_process,
     launch_env,
@@ -102,14 +102,19 @@ def prepare(
     from cdscope.core.regularizer import check_step_resolution
     from cdscope.tasks.sandbox import require_sandbox_for
     from cdscope.train.cdrft import build_probe
+    from cdscope.train.evidence import plan_evidence
 
     cfg.validate()
+    console = console or make_console()
     tasks = load_training_tasks(cfg)
-    pool = load_pool(list(cfg.probe_files) or None)
+    whole = load_pool(list(cfg.probe_files) or None)
+    pool = split_pool(whole, cfg.probe_split)  # the training probe's half (docs/probes.md)
     families = check_families(tasks, pool.families)
     if reward_fn is None:  # the shared verifiers score the rollouts: code needs the sandbox
         require_sandbox_for(tasks, "train on math and logic task files only (--tasks)")
     cfg.validate(num_probe_families=len(pool.families))
+    drawn = [i.id for i in draw_probe(pool, cfg.seed, cfg.probe_n, pool.families)]
+    evidence = plan_evidence(cfg, tasks, families, whole, drawn, console)
     check_writable(Path(cfg.out_dir) / LOG_NAME)
     if model is None and console is not None:  # the first minute of a run, also in a log
         dim(console, f"loading {cfg.model} ...")
@@ -121,7 +126,10 @@ def prepare(
     if cfg.regularizer == "cdrft" and cfg.estimator != "exact":
         check_step_resolution(cfg.eps, dtype, cfg.estimator == "richardson")
     device = next(model.parameters()).device
-    probe = build_probe(pool, tokenizer, cfg.seed, cfg.probe_n, pool.families, cfg.template, device)
+    probe = build_probe(
+        pool, tokenizer, cfg.seed, cfg.probe_n, pool.families, cfg.template, device,
+        cfg.probe_max_tokens,
+    )  # fmt: skip
     ref_model = None
     if cfg.beta > 0:  # the frozen initial policy for the k3 KL; only loaded when used
         ref_model = copy.deepcopy(model).eval()
@@ -136,13 +144,15 @@ def prepare(
         tasks_hash=content_hash([t.to_record() for t in tasks]),
         probe_files=list(pool.paths),
         probe_families=pool.families,
+        probe_split=pool.split,
         probe_items=probe.item_ids,
         training_families=families,
         num_tasks=len(tasks),
         device=str(device),
+        **{"audit_probe_items": [], "audit_disjoint": None, **evidence.metadata},
     )
     return TrainInputs(
-        cfg, model, tokenizer, tasks, families, probe, metadata, ref_model, reward_fn
+        cfg, model, tokenizer, tasks, families, probe, metadata, ref_model, reward_fn, evidence
     )
 
 
@@ -212,7 +222,12 @@ def _run(
 
 #: what a resumed run must share with the run it continues, beside the settings the
 #: checkpoint compares (``train.checkpoint.check_resumable``): contents, not paths
-RUN_IDENTITY = (("probe_hash", "probe content"), ("tasks_hash", "training task content"))
+RUN_IDENTITY = (
+    ("probe_hash", "probe content"),
+    ("tasks_hash", "training task content"),
+    ("eval_tasks_hash", "held-out task content"),
+    ("audit_probe_hash", "audit probe content"),
+)
 
 
 def check_resumed_run(out_dir: Path, metadata: dict, console: Console) -> None:
@@ -233,6 +248,11 @@ def check_resumed_run(out_dir: Path, metadata: dict, console: Console) -> None:
     old = read_parquet(log)[1]
     for key, label in RUN_IDENTITY:
         if old.get(key) != metadata.get(key):
+            if key == "probe_hash" and "probe_split" not in old:
+                raise CdscopeError(
+                    f"--resume: the run in {out_dir} drew its probe from the whole pool (it "
+                    "predates the train / audit split): resume it with --probe-split all"
+                )
             raise CdscopeError(
                 f"--resume: the {label} differs from the run in {out_dir} ({old.get(key)} vs "
                 f"{metadata.get(key)}): the files were edited or others given; resume with the "

@@ -23,7 +23,13 @@ from cdscope.core.granularities import Gates, gates_for
 from cdscope.core.models import LoadedModel
 from cdscope.core.models.loading import experts_in_use
 from cdscope.core.models.opening import ModelOptions
-from cdscope.core.probes import ProbePool, draw_probe, drawn_ids
+from cdscope.core.probes import (
+    ProbePool,
+    draw_probe,
+    drawn_ids,
+    item_overlap,
+    read_training_probe,
+)
 from cdscope.core.routing import RoutingCount
 from cdscope.errors import CdscopeError
 from cdscope.finite import NonFinite
@@ -75,6 +81,36 @@ def measure_seed(
         return gates.control(batch, settings, batch_size)
     except NonFinite as exc:
         raise exc.at(f"at seed {seed} of model {loaded.name!r}") from None
+
+
+def training_overlap(
+    models: Sequence[str | LoadedModel],
+    names: Sequence[str],
+    pool: ProbePool,
+    settings: ProbeSettings,
+    console: Console,
+) -> dict[str, list[str]]:
+    """``{model name: shared item ids}`` for every model whose folder records the probe it
+    was trained on (``core.probes.read_training_probe``) and whose training items this
+    run's draws (``settings.seeds`` x ``settings.n`` from ``pool``) include; each such model
+    gets one warning line. An audit on items the regulariser fitted measures the fit, not
+    the model (docs/probes.md)."""
+    drawn = [i.id for s in settings.seeds for i in draw_probe(pool, s, settings.n)]
+    found: dict[str, list[str]] = {}
+    for model, name in zip(models, names, strict=True):
+        source = model.source if isinstance(model, LoadedModel) else model
+        record = read_training_probe(source) if Path(str(source)).is_dir() else None
+        shared = item_overlap(drawn, record["training_probe_items"] if record else [])
+        if record and shared:
+            found[name] = shared
+            more = ", ..." if len(shared) > 3 else ""
+            warn(
+                console,
+                f"{name} was trained (--regularizer {record.get('regularizer', '?')}) on a probe "
+                f"that shares {len(shared)} item(s) with this run's draws ({', '.join(shared[:3])}"
+                f"{more}): B_shared there can be the regulariser's fit; use --probe-split audit",
+            )
+    return found
 
 
 def dropped_warning(console: Console, spec: str, seed: int, dropped: Sequence[str]) -> None:

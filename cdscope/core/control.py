@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from cdscope.analysis.uncertainty import FamilySamples
 from cdscope.core.batch import ProbeBatch, family_mean, mean_at_predicting_positions, row_chunks
 from cdscope.core.gates.vocabulary import GateSet, gate_dtype
 from cdscope.core.gating.model import GatedModel
@@ -130,6 +131,14 @@ class ControlResult:
 
     def C_kept(self) -> np.ndarray:  # noqa: N802
         return self.C[self.kept]
+
+    def kept_samples(self) -> list[FamilySamples]:
+        """The kept families' per-sample quantities (their rows' log pi, d log pi / dg, F), in
+        family order: what the noise-corrected measures read (``analysis.uncertainty``)."""
+        if self.row_logp is None or self.row_dlogp is None or self.row_F is None:
+            raise CdscopeError(f"the {self.estimator} estimator keeps no per-sample rows")
+        rows = [np.flatnonzero(self.row_family == m) for m in np.flatnonzero(self.kept)]
+        return [FamilySamples(self.row_logp[r], self.row_dlogp[r], self.row_F[r]) for r in rows]
 
 
 @contextmanager

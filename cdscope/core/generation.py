@@ -23,6 +23,20 @@ The prompt text is tokenised raw (no chat template), exactly like the probe pool
 A model whose forward ignores the attention mask (RWKV: its recurrent state reads every
 left pad; measured once per call by ``pads_change_logits``) gets chunks of prompts of one
 token length only, in row order, so no row is padded on the left.
+
+**Shared prefill** (``share_prefill``, the default): the ``num_samples`` rows of a prompt
+read the same prompt, so its KV cache is computed once -- one forward of the distinct
+prompts' first ``P - 1`` tokens -- and repeated over the rows
+(``Cache.batch_repeat_interleave``); ``generate`` then continues every row from its last
+prompt token (Hugging Face's prefix-cache reuse). A chunk then holds whole groups
+(``batch_size // num_samples`` prompts, at least one). It is used where it is exact:
+``prompt_cache_is_exact`` measures, once per call, that a cache made once and repeated
+continues a short sequence with the logits of the whole forward, on a model whose cache is
+a ``DynamicCache`` of plain (full or sliding-window) attention layers and which runs no
+dropout; other models (recurrent states, static caches, mask-ignoring models) prefill every
+row. The samples follow the same distribution; their last-bit rounding differs from
+per-row prefill, so a sampled token can differ where two tokens' probabilities tie to
+rounding (measured in tests: identical greedy completions).
 """
 
 from __future__ import annotations
@@ -167,6 +181,80 @@ def pads_change_logits(model: nn.Module, pad_id: int, device: torch.device) -> b
     return not bool((alone - behind).abs().max() <= 1e-2 * (alone.abs().max() + 1e-6))
 
 
+def _dropout_active(model: nn.Module) -> bool:
+    """Whether a forward of ``model`` draws dropout masks (training mode and a positive
+    dropout probability in a module or in the config), which rows cannot share."""
+    if not model.training:
+        return False
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = vars(getattr(model, "config", object()))
+    return any("dropout" in k and isinstance(v, float) and v > 0 for k, v in config.items())
+
+
+def shareable_cache(cache: object) -> bool:
+    """A ``DynamicCache`` whose layers are plain or sliding-window attention layers: the
+    prompt's whole effect on later positions, repeatable over rows and differentiable
+    (no in-place state updates)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    return (
+        isinstance(cache, DynamicCache)
+        and bool(layers)
+        and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+    )
+
+
+def prompt_cache_is_exact(model: nn.Module, device: torch.device) -> bool:
+    """Whether a prompt's KV cache, computed once and repeated over rows, continues like
+    the whole sequence: measured on one 6-token row (cache of its first 4 tokens, repeated
+    twice, then the last 2) against the whole forward of both rows, to max(1e-4, 4 eps of
+    the model's dtype) of the logits' scale: float32 rounds one layout against another to
+    ~1e-6 there, bfloat16 to its eps (7.8e-3), while a cache that is not the prompt's
+    whole state (a position restarting at 0, a missing context) moves the logits by a
+    sizeable part of their scale. False for caches that are not ``shareable_cache`` and
+    for a model that runs dropout."""
+    if _dropout_active(model):
+        return False
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]]).clamp(max=max(vocab - 1, 0)).to(device)
+    try:
+        with torch.no_grad():
+            whole = model(input_ids=ids.repeat(2, 1), use_cache=False).logits[:, 4:].float()
+            cache = getattr(model(input_ids=ids[:, :4], use_cache=True), "past_key_values", None)
+            if not shareable_cache(cache):
+                return False
+            cache.batch_repeat_interleave(2)
+            rest = model(input_ids=ids[:, 4:].repeat(2, 1), past_key_values=cache, use_cache=True)
+    except (TypeError, ValueError, RuntimeError, NotImplementedError, AttributeError):
+        return False  # a forward that takes no cache this way: every row prefills
+    continued = rest.logits.float()
+    if continued.shape != whole.shape:
+        return False
+    scale = float(whole.abs().max()) + 1e-6
+    dtype = next(model.parameters()).dtype
+    tolerance = max(1e-4, 4 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-4
+    return bool((continued - whole).abs().max() <= tolerance * scale)
+
+
+def _prefill(
+    model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, repeats: int
+) -> object | None:
+    """The KV cache of every prompt's first P - 1 tokens (left-padded; positions counted
+    over real tokens, as ``generate`` counts them), repeated ``repeats`` times per prompt;
+    None (``generate`` prefills each row) for ``repeats`` 1 or a prompt of one token."""
+    if repeats == 1 or int(attention.sum(dim=1).min()) < 2:
+        return None
+    head, mask = input_ids[:, :-1], attention[:, :-1]
+    positions = (mask.long().cumsum(dim=1) - 1).clamp_min(0)
+    cache = model(
+        input_ids=head, attention_mask=mask, position_ids=positions, use_cache=True
+    ).past_key_values
+    cache.batch_repeat_interleave(repeats)
+    return cache
+
+
 def _spans(
     rows: Sequence[str], step: int, tokenizer: object, equal_lengths: bool
 ) -> list[tuple[int, int]]:
@@ -196,10 +284,13 @@ def sample(
     batch_size: int | None = None,
     top_p: float = 1.0,
     on_batch: Callable[[int], None] | None = None,
+    share_prefill: bool = True,
 ) -> Rollouts:
     """Sample ``num_samples`` completions for every prompt (see the module docstring).
 
     ``batch_size`` is the number of rows per ``generate`` call (None: all rows at once).
+    ``share_prefill``: compute each prompt's cache once for its rows where that is exact
+    (False: every row prefills its own copy, the plain twin).
     ``on_batch(rows_done)`` is called after each chunk (for progress bars). The model is
     put in eval mode for the call and restored afterwards. Returns tensors on the CPU.
     """
@@ -230,10 +321,18 @@ def sample(
     ids_chunks, pmask_chunks, comp_chunks = [], [], []
     fork = [device] if device.type == "cuda" else []
     try:
-        spans = _spans(rows, step, tokenizer, pads_change_logits(model, pad_id, device))
+        equal_lengths = pads_change_logits(model, pad_id, device)
+        groups = num_samples if share_prefill and num_samples > 1 and not equal_lengths else 1
+        if groups > 1 and not prompt_cache_is_exact(model, device):
+            groups = 1
+        if groups > 1:  # whole groups per call: rows lo..hi are prompts lo/G..hi/G
+            per_call = max(1, step // groups) * groups
+            spans = [(lo, min(lo + per_call, len(rows))) for lo in range(0, len(rows), per_call)]
+        else:
+            spans = _spans(rows, step, tokenizer, equal_lengths)
         for chunk, (lo, hi) in enumerate(spans):
             enc = tokenizer(  # type: ignore[operator]
-                rows[lo:hi],
+                rows[lo:hi:groups],
                 return_tensors="pt",
                 padding=True,
                 padding_side="left",
@@ -247,8 +346,11 @@ def sample(
             )  # fmt: skip
             with torch.random.fork_rng(devices=fork), torch.no_grad():
                 torch.manual_seed(chunk_seed(seed, chunk))
+                cache = _prefill(model, input_ids, attention, groups)
+                input_ids = input_ids.repeat_interleave(groups, dim=0)
+                attention = attention.repeat_interleave(groups, dim=0)
                 out = model.generate(  # type: ignore[operator]
-                    input_ids=input_ids, attention_mask=attention, **options
+                    input_ids=input_ids, attention_mask=attention, past_key_values=cache, **options
                 )
             ids_chunks.append(input_ids.cpu())
             pmask_chunks.append(attention.bool().cpu())

@@ -9,6 +9,16 @@ pass their own files with ``--probe``.
 A probe seed ``s`` draws ``n`` items per family without replacement, deterministically
 from ``s`` and the family name alone (items are ordered by id first), so the same seed
 gives the same probe for every model — the pairing that model comparisons rely on.
+
+**Train / audit split** (``split_pool``, docs/probes.md). Every pool has two fixed halves,
+decided by item id alone: within a family the items are ordered by (stratum, SHA-256 of
+``SPLIT_SALT + id``) -- the stratum is the id without its last ``/`` part
+(``math/gsm_symbolic/3`` -> ``math/gsm_symbolic``), so every generator is split too -- and
+alternate between ``train`` (even places) and ``audit`` (odd places). Training draws its
+probe from the train half and audits a run on the audit half, so the two never share an
+item; the shipped pools split 32 / 32 per family (8 / 8 per generator). A trained model's
+folder records its training probe's item ids (``TRAINING_PROBE_FILE``), so an audit can
+tell when it measures a model on items it was regularised on.
 """
 
 from __future__ import annotations
@@ -23,8 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from cdscope.errors import CdscopeError, option
-from cdscope.io import json_record, jsonl_lines, require_keys
+from cdscope.io import atomic_write_bytes, json_record, jsonl_lines, require_keys
 from cdscope.resources import default_probe_dir
+from cdscope.settings.names import PROBE_SPLITS
+
+#: the salt of the split's hash: changing it would move items between the halves
+SPLIT_SALT = "cdscope-probe-split/"
+#: in a trained model's folder: the item ids of the probe it was trained on (JSON)
+TRAINING_PROBE_FILE = "cdscope_training_probe.json"
 
 REQUIRED_KEYS = ("id", "family", "prompt", "target")
 
@@ -47,6 +63,7 @@ class ProbePool:
 
     by_family: dict[str, tuple[ProbeItem, ...]]
     paths: tuple[str, ...]
+    split: str = "all"  # the half of the pool files these items are (``split_pool``)
 
     @property
     def families(self) -> list[str]:
@@ -165,6 +182,70 @@ def draw_probe(
         picks = _family_rng(seed, family).choice(len(items), size=n, replace=False)
         drawn.extend(items[i] for i in sorted(picks))
     return drawn
+
+
+def split_of(items: Sequence[ProbeItem]) -> dict[str, str]:
+    """``{item id: "train" | "audit"}`` for one family's ``items`` (see the module
+    docstring): ordered by (stratum, SHA-256 of salt + id), alternating train, audit."""
+
+    def key(item: ProbeItem) -> tuple[str, str]:
+        stratum = item.id.rpartition("/")[0]
+        return stratum, hashlib.sha256((SPLIT_SALT + item.id).encode()).hexdigest()
+
+    ordered = sorted(items, key=key)
+    return {item.id: ("train", "audit")[i % 2] for i, item in enumerate(ordered)}
+
+
+def split_pool(pool: ProbePool, split: str) -> ProbePool:
+    """The ``split`` half of ``pool`` (``train`` | ``audit``), or ``pool`` itself (``all``).
+
+    One-line error for an unknown split, or for a family whose half is empty (a pool of
+    one item per family has no audit half)."""
+    if split not in PROBE_SPLITS:
+        raise CdscopeError(
+            f"--probe-split must be one of {' | '.join(PROBE_SPLITS)}; got {split!r}"
+        )
+    if split == "all" or pool.split == split:
+        return pool
+    if pool.split != "all":
+        raise CdscopeError(f"the {pool.split} half of a probe pool has no {split} half")
+    halves: dict[str, tuple[ProbeItem, ...]] = {}
+    for family, items in pool.by_family.items():
+        side = split_of(items)
+        halves[family] = tuple(item for item in items if side[item.id] == split)
+        if not halves[family]:
+            raise CdscopeError(
+                f"family {family!r} has {len(items)} probe item(s), none in the {split} half of "
+                f"the pool (docs/probes.md); add items or use --probe-split all"
+            )
+    return ProbePool(halves, pool.paths, split)
+
+
+def item_overlap(drawn: Sequence[str], trained: Sequence[str]) -> list[str]:
+    """The ids of ``drawn`` that are also in ``trained``, sorted."""
+    return sorted(set(drawn) & set(trained))
+
+
+def write_training_probe(folder: Path, record: dict) -> None:
+    """Record a trained model's training probe in its folder (``TRAINING_PROBE_FILE``):
+    ``record`` holds at least ``training_probe_items`` (a list of item ids)."""
+    text = json.dumps(record, sort_keys=True)
+    atomic_write_bytes(Path(folder) / TRAINING_PROBE_FILE, lambda tmp: Path(tmp).write_text(text))
+
+
+def read_training_probe(folder: str | Path) -> dict | None:
+    """The training-probe record of a model folder (``training_probe_items``, the
+    regulariser, ...), or None (no such folder or file: not a model cdscope trained). A
+    file cdscope cannot read is treated as absent: the record only feeds a warning."""
+    path = Path(folder) / TRAINING_PROBE_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        items = record["training_probe_items"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(items, list):
+        return None
+    return {**record, "training_probe_items": [str(i) for i in items]}
 
 
 def drawn_ids(items: Sequence[ProbeItem]) -> dict[str, list[str]]:

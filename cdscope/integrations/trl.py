@@ -17,7 +17,19 @@ as the hf loop, in the same order:
 * ``on_log`` — TRL's per-step metrics (loss, KL, gradient norm) and the reward columns
   with ``CDRFTStep.log_fields`` into ``OUT/log.parquet`` (atomic writes), and the same
   fields into TRL's log call, so ``--report-to`` (TRL's ``report_to``) trackers get them
-  (``train.tracking``; this callback runs before the trackers' callbacks, ``run_first``).
+  (``train.tracking``; this callback runs before the trackers' callbacks, ``run_first``);
+* held-out evidence (``train.evidence``: ``--eval-every``, ``--audit-every``) at
+  ``on_train_begin`` (the state after 0 steps) and ``on_step_end`` (after each step's
+  update, when due); the trackers get it in the same step's log call (state 0's only in
+  ``OUT/eval.parquet`` / ``OUT/audit.parquet``: TRL logs nothing before its first step).
+
+What TRL's hooks allow of the hf loop's lean step (``train.grpo``): nothing. The callback
+hooks run around the optimizer step, not inside TRL's rollouts or loss, so TRL forwards
+and backpropagates every row (``skipped_fraction`` is 0), prefills each of the G copies of
+a prompt (``RepeatSampler`` repeats the prompt rows; with ``use_vllm`` vLLM's own prefix
+caching shares the prompt's prefill) and pads its micro-batches as TRL does. Changing that
+would mean overriding GRPOTrainer's private ``_generate`` / ``_compute_loss``, which
+cdscope does not do.
 
 ``tests/train/test_cdrft_parity.py`` checks that one step through TRL and one through the hf
 loop, from the same weights on the same rollouts, give the same parameters. Under DDP
@@ -53,6 +65,7 @@ from cdscope.errors import CdscopeError, missing_extra
 from cdscope.io import read_parquet, write_parquet
 from cdscope.messages import dim, make_console
 from cdscope.tasks import Task
+from cdscope.train.evidence import Evidence
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
 from cdscope.train.tracking import cdscope_fields
@@ -89,6 +102,9 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         self.rows: list[dict[str, Any]] = (
             read_parquet(log_path)[0].to_dict("records") if resume and log_path.is_file() else []
         )
+        self.gm, self.resume = gm, resume
+        self.evidence: Evidence | None = None  # made at on_train_begin (the resumed step)
+        self.tracked: dict[str, float] = {}  # evidence fields for the next log call
         self.pending: int | None = None  # the step whose row waits for TRL's metrics
         self.resumed_from: int | None = None
         self.began = time.perf_counter()
@@ -104,6 +120,17 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
         if self.rows or state.global_step:
             self.resumed_from = state.global_step
             self.rows = [r for r in self.rows if r["step"] <= state.global_step]
+        inputs = self.inputs
+        self.evidence = Evidence(
+            inputs.cfg, inputs.evidence, self.gm, inputs.tokenizer, inputs.metadata,
+            self.cdrft.rows, kept_until=state.global_step if self.resume else None,
+            write=state.is_world_process_zero,
+        )  # fmt: skip
+        self.evidence.measure(state.global_step)  # state 0's: in the files only
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        assert self.evidence is not None
+        self.tracked.update(self.evidence.measure(state.global_step))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.began = time.perf_counter()
@@ -123,13 +150,17 @@ class CDRFTCallback(TrainerCallback):  # type: ignore[misc]
             return
         row = {"step": self.pending, **self.rewards.last}
         row.update(loss=float(logs["loss"]), kl=float(logs.get("kl", 0.0)))
-        row.update(grad_norm_backbone=float(logs.get("grad_norm", math.nan)))
-        row.update(self.cdrft.log_fields(), step_s=self.step_s)
+        row.update(grad_norm_rl=float(logs.get("grad_norm", math.nan)), skipped_fraction=0.0)
+        assert self.evidence is not None
+        audit_b_shared = self.evidence.audit_b_shared(self.pending - 1)
+        row.update(self.cdrft.log_fields(audit_b_shared=audit_b_shared), step_s=self.step_s)
         self.rows.append(row)
         self.pending = None
         # --report-to: the row's fields join TRL's in this log call, which the tracker
         # callbacks (after this one: run_first) send to TRL's report_to
         logs.update({k: v for k, v in cdscope_fields(row).items() if k not in logs})
+        logs.update(self.tracked)
+        self.tracked = {}
         if state.is_world_process_zero:  # every rank holds the same rows; one writes them
             write_parquet(
                 pd.DataFrame(self.rows),
@@ -368,9 +399,15 @@ def train_with_trl(
         dim(console, f"TRL GRPOTrainer: {inputs.cfg.steps} steps, {inputs.cfg.regularizer}")
         trainer.train(resume_from_checkpoint=True if resume else None)
         # every rank: an FSDP2 model's weights are gathered to rank 0, which writes
-        final = save_final_model(inputs.model, inputs.tokenizer, Path(inputs.cfg.out_dir) / "final")
+        final = save_final_model(
+            inputs.model, inputs.tokenizer, Path(inputs.cfg.out_dir) / "final",
+            inputs.training_probe_record(),
+        )  # fmt: skip
         steps_done = int(trainer.state.global_step)
         del trainer  # DDP's reducer goes while the group lives (distributed.quiesce_group)
         quiesce_group()
     log = pd.DataFrame(callback.rows)
-    return TrainResult(Path(inputs.cfg.out_dir), log, steps_done, callback.resumed_from, final)
+    frames = callback.evidence.frames() if callback.evidence is not None else {}
+    return TrainResult(
+        Path(inputs.cfg.out_dir), log, steps_done, callback.resumed_from, final, **frames
+    )

@@ -3,7 +3,9 @@
 Four panels against the optimizer step: the mean verifier reward (and each family's,
 dashed); the GRPO loss; B_shared(C) on the fixed probe before the step and after it
 (after the projection, for cdrft), in percent, with the projection threshold tau; and
-the projection iterations taken.
+the projection iterations taken. With held-out evidence (``--eval-every``,
+``--audit-every``) a second figure puts the training probe's B_shared beside the audit
+probe's and pass@k on held-out tasks over the steps (``evidence_figure``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from cdscope.output.plots import PALETTE, new_axes, styled
+from cdscope.output.render_runs import training_probe_series
 
 
 def no_projection(log: pd.DataFrame, regularizer: str, tau: float | None) -> str | None:
@@ -61,4 +64,38 @@ def train_figure(log: pd.DataFrame, regularizer: str = "cdrft", tau: float | Non
         ax.set_xlabel("optimizer step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(f"training run ({regularizer}): {len(log)} step(s)")
+    return fig
+
+
+@styled
+def evidence_figure(
+    log: pd.DataFrame, audit: pd.DataFrame | None, evals: pd.DataFrame | None
+) -> Figure:
+    """Held-out evidence against the steps done (``train.evidence``): B_shared on the
+    training probe (what CD-RFT fits) beside the audit probe's (mean over its seeds, each
+    seed a faint dot), and pass@k per family on the held-out tasks."""
+    fig, axes = new_axes(1, 2, (11, 3.6))
+    bshared, passk = axes.ravel()
+    training = training_probe_series(log)
+    bshared.plot(training["step"], 100 * training["b_shared"], marker="o", color=PALETTE[0],
+                 label="training probe")  # fmt: skip
+    if audit is not None and len(audit):
+        mean = audit.groupby("step")["b_shared"].mean()
+        bshared.plot(mean.index, 100 * mean, marker="s", color=PALETTE[1],
+                     label=f"audit probe (mean of {audit['seed'].nunique()} seeds)")  # fmt: skip
+        bshared.scatter(audit["step"], 100 * audit["b_shared"], s=9, color=PALETTE[1], alpha=0.35)
+    bshared.set(title="B_shared(C): training vs audit probe", ylabel="percent")
+    bshared.legend(frameon=False, fontsize=8)
+    if evals is not None and len(evals):
+        family = evals[evals["level"] == "family"]
+        styles = ("-", "--", ":", "-.")
+        for i, (name, rows) in enumerate(family.groupby("family")):
+            for j, (k, at) in enumerate(rows.groupby("k")):
+                passk.plot(at["step"], 100 * at["pass_at_k"], marker=".", ls=styles[j % 4],
+                           color=PALETTE[i % len(PALETTE)], label=f"{name} pass@{k}")  # fmt: skip
+        passk.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    passk.set(title="pass@k on held-out tasks", ylabel="percent")
+    for ax in axes.ravel():
+        ax.set_xlabel("optimizer steps done")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig

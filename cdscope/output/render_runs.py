@@ -78,6 +78,54 @@ def train_table(log: pd.DataFrame, arm: str) -> Table:
     return table
 
 
+def training_probe_series(log: pd.DataFrame) -> pd.DataFrame:
+    """B_shared on the training probe by the steps done: state 0 is step 1's
+    ``b_shared_before``, state t step t's ``b_shared_after`` (the next step opens there)."""
+    if log.empty:
+        return pd.DataFrame({"step": pd.Series(dtype=int), "b_shared": pd.Series(dtype=float)})
+    first = pd.DataFrame({"step": [0], "b_shared": [float(log["b_shared_before"].iloc[0])]})
+    after = pd.DataFrame({"step": log["step"].astype(int), "b_shared": log["b_shared_after"]})
+    return pd.concat([first, after], ignore_index=True)
+
+
+def evidence_table(
+    log: pd.DataFrame, audit: pd.DataFrame | None, evals: pd.DataFrame | None
+) -> Table:
+    """Held-out evidence by the steps done: B_shared on the training probe beside the audit
+    probe's (mean ± SE over its seeds), B_dir and B_norm there, and overall pass@k."""
+    table = VerbatimTable(title="held-out evidence (by optimizer steps done)", title_justify="left")
+    training = training_probe_series(log).set_index("step")["b_shared"]
+    steps = set(training.index)
+    by_step: dict[str, pd.DataFrame] = {}
+    if audit is not None and len(audit):
+        by_step["audit"] = audit.groupby("step")
+        steps |= set(audit["step"])
+    ks: list[int] = []
+    if evals is not None and len(evals):
+        overall = evals[evals["level"] == "overall"]
+        ks = sorted(overall["k"].unique())
+        by_step["eval"] = overall.set_index(["step", "k"])["pass_at_k"]
+        steps |= set(overall["step"])
+    headers = ["steps", "B_shared training %", "B_shared audit %", "B_dir audit %",
+               "B_norm audit %", *[f"pass@{k} %" for k in ks]]  # fmt: skip
+    for name in headers:
+        table.add_column(name, justify="right")
+    for step in sorted(steps):
+        cells = [str(int(step)), f"{100 * training[step]:.2f}" if step in training.index else "-"]
+        if "audit" in by_step and step in by_step["audit"].groups:
+            at = by_step["audit"].get_group(step)
+            se = at["b_shared"].std(ddof=1) / len(at) ** 0.5 if len(at) > 1 else float("nan")
+            cells.append(f"{100 * at['b_shared'].mean():.2f} ± {100 * se:.2f}")
+            cells += [f"{100 * at[m].mean():.2f}" for m in ("b_dir", "b_norm")]
+        else:
+            cells += ["-", "-", "-"]
+        for k in ks:
+            value = by_step["eval"].get((step, k))
+            cells.append("-" if value is None else f"{100 * value:.1f}")
+        table.add_row(*cells)
+    return table
+
+
 def stats_table(stats: pd.DataFrame) -> Table:
     """eval: per model, problems, samples, empty completions, tokens and throughput, and
     the share of the time spent verifying."""

@@ -26,7 +26,7 @@ from cdscope.output.notebook import (
     headline_rows,
 )
 from cdscope.output.render import audit_table, convergence_table, per_seed_table, short_model_name
-from cdscope.output.render_runs import passk_table, train_table
+from cdscope.output.render_runs import evidence_table, passk_table, train_table
 from cdscope.version import __version__
 
 #: run metadata shown first, in this order (the rest follows under "all metadata")
@@ -160,9 +160,13 @@ def setting_name(field: str) -> str:
     return (flag if isinstance(flag, str) else flag[0]).removeprefix("--")
 
 
-def train_section(path: Path, log: pd.DataFrame, metadata: dict, figure: Any) -> str:
-    """A training run: the curves, the per-step table, the run's settings and model."""
+def train_section(
+    path: Path, tables: dict[str, pd.DataFrame], metadata: dict, figure: Any, evidence: Any = None
+) -> str:
+    """A training run: the curves, the held-out evidence (figure and table, when taken),
+    the per-step table, the run's settings and model."""
     config = metadata.get("config") or {}
+    log = tables["log"]
     arm = str(config.get("regularizer", ""))
     parts = [_header(path, "train")]
     if len(log):
@@ -176,6 +180,15 @@ def train_section(path: Path, log: pd.DataFrame, metadata: dict, figure: Any) ->
         parts.append(html.element("p", html.text(summary)))
     if figure is not None:
         parts.append(html.figure(figure, "training curves"))
+    if evidence is not None:
+        disjoint = metadata.get("audit_disjoint")
+        note = {True: "the audit probe shares no item with the training probe",
+                False: "the audit probe SHARES items with the training probe",
+                None: "no audit probe"}[disjoint]  # fmt: skip
+        parts.append(html.element("h3", "held-out evidence"))
+        parts.append(html.element("p", html.text(f"{note} (audit_disjoint: {disjoint})")))
+        parts.append(html.figure(evidence, "held-out evidence"))
+        parts.append(html.rich_table(evidence_table(log, tables.get("audit"), tables.get("eval"))))
     if len(log):
         parts.append(html.rich_table(train_table(log, arm)))
     if config:

@@ -17,6 +17,8 @@ from cdscope.settings.names import (
     GATE_GRANULARITIES,
     GRANULARITIES,
     GRANULARITY_HELP,
+    PROBE_SPLIT_HELP,
+    PROBE_SPLITS,
     SEED_MAX,
     SEEDS_HELP,
     SUBLAYER,
@@ -48,9 +50,13 @@ class ProbeSettings:
         2, "--fd-order", "fd stencil: 2 (2K passes, O(h^2)) or 4 (4K passes, O(h^4))."
     )
     granularity: str = setting(SUBLAYER, "--granularity", GRANULARITY_HELP)
+    #: the half of the pool drawn from; ``all`` by default, so audits measure what they
+    #: measured before the split existed (docs/decisions.md)
+    probe_split: str = setting("all", "--probe-split", PROBE_SPLIT_HELP)
 
     def __post_init__(self) -> None:
         require_one_of("granularity", self.granularity, GRANULARITIES)
+        require_one_of("probe_split", self.probe_split, PROBE_SPLITS, " | ")
         if not self.seeds:
             raise CdscopeError(f"{option('seeds')} must be at least 1")
         require_one_of("estimator", self.estimator, C_ESTIMATORS)
@@ -65,12 +71,15 @@ class ProbeSettings:
     def comparable(self) -> dict:
         """The settings two runs must share for their numbers to be paired (and that
         ``--resume`` compares): n, template, estimator, the fd stencil when used, and the
-        granularity when it is not ``SUBLAYER`` (files from before it existed match)."""
+        granularity when it is not ``SUBLAYER`` and the pool's half when it is not ``all``
+        (files from before either existed match)."""
         same = {"n": self.n, "template": self.template, "estimator": self.estimator}
         if self.estimator == "fd":
             same |= {"fd_step": self.fd_step, "fd_order": self.fd_order}
         if self.granularity != SUBLAYER:
             same["granularity"] = self.granularity
+        if self.probe_split != "all":
+            same["probe_split"] = self.probe_split
         return same
 
 

@@ -44,6 +44,14 @@ GRADIENT_ESTIMATORS = ("exact", "proxy", "richardson", "folded")
 #: table (docs/gradcheck.md)
 DEFAULT_ESTIMATOR = "folded"
 DEFAULT_EPS = 0.01
+#: the halves of a probe pool (``cdscope.core.probes.split_pool``, docs/probes.md): the
+#: training probe is drawn from ``train``, in-training audits from ``audit``; ``all`` is the
+#: whole pool (what every command drew from before the split existed)
+PROBE_SPLITS = ("train", "audit", "all")
+PROBE_SPLIT_HELP = (
+    "Half of the probe pool to draw from: train | audit | all (a fixed split by item id, "
+    "docs/probes.md)."
+)
 #: prompt templates of the probe and the tasks (``cdscope.core.batch.format_prompt``)
 TEMPLATES = ("plain", "chat")
 TEMPLATE_HELP = f"Prompt template: {' | '.join(TEMPLATES)}."

@@ -31,6 +31,7 @@ from cdscope.settings.names import (
     DTYPE_CHOICES_HELP,
     GATE_GRANULARITIES,
     GRADIENT_ESTIMATORS,
+    PROBE_SPLITS,
     SEED_MAX,
     SUBLAYER,
     TEMPLATE_HELP,
@@ -92,6 +93,18 @@ class TrainConfig:
     )
     probe_n: int = setting(3, "--probe-n", "Probe samples per family.")
     probe_files: tuple[str, ...] = ()
+    probe_split: str = setting(
+        "train",
+        "--probe-split",
+        "Half of the probe pool the training probe is drawn from: train | audit | all "
+        "(a fixed split by item id; audits draw from the audit half; docs/probes.md).",
+    )
+    probe_max_tokens: int | None = setting(
+        None,
+        "--probe-max-tokens",
+        "Cap on each probe item's prompt + target tokens: longer items are cut from the "
+        "left of the prompt (C is then that of the shortened context; docs/train.md).",
+    )
     template: str = setting("plain", "--template", TEMPLATE_HELP)
     seed: int = setting(0, "--seed", "Seed of data order, rollouts and probe.")
     save_every: int = setting(50, "--save-every", "Checkpoint every N steps.")
@@ -99,7 +112,13 @@ class TrainConfig:
     micro_batch_size: int = setting(  # completions per backbone forward/backward
         8, "--micro-batch-size", "Completions per backbone forward (memory)."
     )
-    rollout_batch_size: int | None = None  # prompts per generate call (None: all)
+    rollout_batch_size: int | None = None  # rows per generate call (None: all)
+    plain_step: bool = setting(
+        False,
+        "--plain-step",
+        "The slow twin of the GRPO step: every row forwarded and backpropagated on its own, "
+        "each prompt prefilled G times (same gradient; for tests and benchmarks).",
+    )
     probe_batch_size: int | None = None  # probe rows per forward (None: 1 on CPU, all on GPU)
     verify_timeout: float = 5.0
     verify_workers: int = 2
@@ -125,6 +144,29 @@ class TrainConfig:
         f"Experiment tracker of the per-step log: {' | '.join(REPORT_TO)} (with --backend trl, "
         "TRL's own report_to; docs/train.md).",
     )
+    eval_every: int | None = setting(
+        None,
+        "--eval-every",
+        "pass@k on held-out tasks at step 0, every N steps and the last -> OUT/eval.parquet.",
+    )
+    eval_tasks: tuple[str, ...] = ()  # --eval-tasks (default: the held-out split, evidence.py)
+    eval_n: int = setting(4, "--eval-n", "Samples per held-out problem (--eval-every).")
+    eval_k: tuple[int, ...] = (1,)  # --eval-k 1,2,4
+    eval_limit: int | None = setting(
+        None, "--eval-limit", "First N problems of each held-out benchmark (--eval-every)."
+    )
+    eval_max_new_tokens: int | None = setting(
+        None, "--eval-max-new-tokens", "Held-out generation cap (default: --max-new-tokens)."
+    )
+    audit_every: int | None = setting(
+        None,
+        "--audit-every",
+        "B_shared, B_dir, B_norm on the audit probe (no item shared with the training probe) "
+        "at step 0, every N steps and the last -> OUT/audit.parquet.",
+    )
+    audit_probe: tuple[str, ...] = ()  # --audit-probe (default: the audit half of the pool)
+    audit_seeds: int = setting(3, "--audit-seeds", "Probe seeds of each audit (--audit-every).")
+    audit_n: int = setting(3, "--audit-n", "Audit probe samples per family (--audit-every).")
     preset: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -135,7 +177,7 @@ class TrainConfig:
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         clean = {k: v for k, v in values.items() if k in names}
-        for key in ("tasks", "probe_files"):
+        for key in ("tasks", "probe_files", "eval_tasks", "eval_k", "audit_probe"):
             if key in clean:
                 clean[key] = tuple(clean[key])
         return cls(**clean)
@@ -169,7 +211,7 @@ class TrainConfig:
             raise CdscopeError(f"--seed must lie in [0, {SEED_MAX}]; got {self.seed}")
         for name in (
             "steps", "prompts_per_step", "group_size", "max_new_tokens", "probe_n",
-            "micro_batch_size",
+            "micro_batch_size", "eval_n", "audit_seeds", "audit_n",
         ):  # fmt: skip
             if getattr(self, name) > COUNT_MAX:
                 raise CdscopeError(f"--{name.replace('_', '-')} must be at most {COUNT_MAX:,}")
@@ -181,6 +223,9 @@ class TrainConfig:
             "--probe-n": self.probe_n,
             "--save-every": self.save_every,
             "--micro-batch-size": self.micro_batch_size,
+            "--eval-n": self.eval_n,
+            "--audit-seeds": self.audit_seeds,
+            "--audit-n": self.audit_n,
         }
         for flag, value in positive.items():
             if value < 1:
@@ -221,6 +266,11 @@ class TrainConfig:
             raise CdscopeError(
                 f"--report-to must be one of {' | '.join(REPORT_TO)}; got {self.report_to!r}"
             )
+        if self.probe_split not in PROBE_SPLITS:
+            raise CdscopeError(
+                f"--probe-split must be one of {' | '.join(PROBE_SPLITS)}; got {self.probe_split!r}"
+            )
+        self._validate_evidence()
         if self.estimator not in GRADIENT_ESTIMATORS:
             raise CdscopeError(
                 f"--estimator must be one of {', '.join(GRADIENT_ESTIMATORS)}; got {self.estimator!r}"
@@ -237,6 +287,33 @@ class TrainConfig:
                     f"--tau is a B_shared threshold in percent and must lie in [100/M, 100] = "
                     f"[{low:.4g}, 100] for M = {num_probe_families} probe families; got {self.tau:g}"
                 )
+
+    def _validate_evidence(self) -> None:
+        """--eval-every / --audit-every: a step count in [1, --steps]; the other evidence
+        settings positive; --probe-max-tokens at least 2 (one prompt and one target token)."""
+        for flag, every in (("--eval-every", self.eval_every), ("--audit-every", self.audit_every)):
+            if every is not None and not 1 <= every <= self.steps:
+                raise CdscopeError(
+                    f"{flag} is a number of steps between 1 and --steps ({self.steps}); got {every}"
+                )
+        for flag, value in (
+            ("--eval-limit", self.eval_limit),
+            ("--eval-max-new-tokens", self.eval_max_new_tokens),
+        ):
+            if value is not None and not 1 <= value <= COUNT_MAX:
+                raise CdscopeError(f"{flag} must be a positive integer; got {value}")
+        if self.probe_max_tokens is not None and not 2 <= self.probe_max_tokens <= COUNT_MAX:
+            raise CdscopeError(
+                f"--probe-max-tokens must be at least 2 (a prompt and a target token); "
+                f"got {self.probe_max_tokens}"
+            )
+        if not self.eval_k or min(self.eval_k) < 1:
+            raise CdscopeError(f"--eval-k takes k values >= 1; got {list(self.eval_k)}")
+        if max(self.eval_k) > self.eval_n:
+            raise CdscopeError(
+                f"pass@{max(self.eval_k)} needs at least {max(self.eval_k)} samples per problem "
+                f"but --eval-n is {self.eval_n}: raise --eval-n or drop k={max(self.eval_k)}"
+            )
 
 
 def cli_fields() -> list[dataclasses.Field]:

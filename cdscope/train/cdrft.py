@@ -66,8 +66,10 @@ def build_probe(
     families: Sequence[str],
     template: str = "plain",
     device: torch.device | str = "cpu",
+    max_tokens: int | None = None,
 ) -> ProbeBatch:
-    """The run's fixed probe: ``n`` items per family from ``seed`` (SPEC §4 draw)."""
+    """The run's fixed probe: ``n`` items per family from ``seed`` (SPEC §4 draw), each
+    row cut to ``max_tokens`` (``cap_probe``) when given."""
     missing = [f for f in families if f not in pool.families]
     if missing:
         raise CdscopeError(
@@ -76,7 +78,36 @@ def build_probe(
         )
     pad_id = getattr(tokenizer, "pad_token_id", None) or 0
     batch = encode_probe(draw_probe(pool, seed, n, families), tokenizer, template, pad_id=pad_id)
+    if max_tokens is not None:
+        batch = cap_probe(batch, max_tokens, pad_id)
     return batch.to(torch.device(device))
+
+
+def cap_probe(batch: ProbeBatch, max_tokens: int, pad_id: int = 0) -> ProbeBatch:
+    """``--probe-max-tokens``: every row at most ``max_tokens`` tokens. A longer row loses
+    prompt tokens from the left (the context nearest the target stays) down to one prompt
+    token; a target longer than ``max_tokens - 1`` tokens then loses its end (fewer scored
+    tokens). C on the capped probe is the control of the shortened items' likelihood
+    (SPEC §2 with x cut to its last tokens): a different probe, whose B_shared is comparable
+    only with runs capped alike (docs/train.md)."""
+    rows, starts = [], []
+    for b in range(batch.B):
+        length, start = int(batch.lengths[b]), int(batch.target_start[b])
+        ids = batch.input_ids[b, :length]
+        cut = min(max(length - max_tokens, 0), start - 1)  # prompt tokens dropped on the left
+        ids, start = ids[cut:], start - cut
+        rows.append(ids[:max_tokens])
+        starts.append(start)
+    width = max(len(r) for r in rows)
+    input_ids = torch.full(
+        (batch.B, width), pad_id, dtype=torch.long, device=batch.input_ids.device
+    )
+    for b, row in enumerate(rows):
+        input_ids[b, : len(row)] = row
+    return ProbeBatch(
+        input_ids, torch.tensor([len(r) for r in rows]), torch.tensor(starts),
+        list(batch.families), batch.row_family.clone(), list(batch.item_ids),
+    )  # fmt: skip
 
 
 def measure_probe(gm: GatedModel, batch: ProbeBatch, batch_size: int | None = None) -> ProbeMeasure:

@@ -224,7 +224,9 @@ RESUME_FIXED = (
     "regularizer", "lam", "tau", "k_max", "eta_proj", "eps", "estimator", "probe_n",
     "template", "seed", "micro_batch_size", "rollout_batch_size",
     "probe_batch_size", "verify_timeout", "dtype", "attn", "backend", "granularity",
-    "sharding", "activation_checkpointing",
+    "sharding", "activation_checkpointing", "probe_split", "probe_max_tokens", "plain_step",
+    "eval_every", "eval_n", "eval_k", "eval_limit", "eval_max_new_tokens", "audit_every",
+    "audit_seeds", "audit_n",
 )  # fmt: skip
 
 

@@ -70,6 +70,16 @@ def checkpoint_blocks(model: nn.Module) -> int:
     return len(blocks)
 
 
+def blocks_checkpointed(model: nn.Module) -> bool:
+    """Whether ``checkpoint_blocks`` wrapped this model's blocks, or Hugging Face's own
+    gradient checkpointing is on (either reruns block forwards in the backward)."""
+    return any(
+        getattr(m, "_cdscope_checkpointed", False)
+        or getattr(m, "gradient_checkpointing", False) is True
+        for m in model.modules()
+    )
+
+
 @dataclass(frozen=True)
 class Shards:
     """This process's place in a sharded run (rank 0 of 1 when unsharded)."""

@@ -19,14 +19,40 @@ Token log-probs: prompts are left-padded, completions right-padded, so
 ``prompt ++ completion`` keeps every completion token in the last T positions; the
 logits are computed only there (``logits_to_keep``), with position ids counted over real
 tokens (the same positions ``generate`` used), and log-softmax in fp32.
+
+**The lean step** (``backbone_backward``'s default; ``plain=True`` is the slow twin, the
+step as written above, row by row in the given order). It computes only what moves the
+weights, with the same gradient:
+
+* at beta = 0 a row whose advantage is exactly 0 has l_t = -min(rho * 0, clip * 0) = 0 at
+  every token and a gradient of exactly 0, so it is not forwarded at all (nor is a row
+  with no completion token); the normaliser stays the token count of *all* rows, so the
+  gradient is unchanged. With beta > 0 the KL term needs every row and none is skipped.
+  (If every row would be skipped, the shortest is still run, at a gradient of exact
+  zeros, so the optimizer sees the same zero gradient the plain step gives it.)
+* the G rows of a group read one prompt: where a prompt's KV cache is exact
+  (``core.generation.prompt_cache_is_exact``: plain and sliding-window attention caches,
+  no dropout -- Llama, Mistral, Qwen2/3, Gemma-2, GPT-2, GPT-NeoX measured in tests), the
+  prompt is run once per group (one unpadded row, its last position giving the first
+  completion token's logits), its cache repeated over the group's rows, and the
+  completions (all but their last token) run against it; the backward carries every
+  row's gradient into the one prompt pass. Activation checkpointing reruns a block's
+  forward in the backward, which would append to the cache twice, so it takes the
+  per-row path instead, as does every model whose cache is not exact.
+* the per-row path (no shared prompt) forms micro-batches of rows of similar length
+  (sorted by prompt + completion length), so no row pays for another's padding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from cdscope.core.generation import prompt_cache_is_exact
+from cdscope.train.engine import blocks_checkpointed
 
 ADV_EPS = 1e-4
 
@@ -101,6 +127,13 @@ class BackboneStats:
     kl: float  # mean k3 KL over completion tokens (0 when beta = 0)
     tokens: int
     seconds: float = 0.0
+    rows: int = 0  # rows of this share
+    skipped: int = 0  # rows not forwarded (zero advantage at beta = 0, or no token)
+    path: str = "plain"  # plain | shared-prompt | per-row (the module docstring)
+
+    @property
+    def skipped_fraction(self) -> float:
+        return self.skipped / self.rows if self.rows else 0.0
 
 
 def backbone_backward(
@@ -117,6 +150,7 @@ def backbone_backward(
     micro_batch_size: int | None = None,
     share: slice = slice(None),
     scale: float = 1.0,
+    plain: bool = False,
 ) -> BackboneStats:
     """Accumulate grad of the step's GRPO loss into ``.grad``, micro-batch by micro-batch.
 
@@ -128,27 +162,42 @@ def backbone_backward(
     completions), normalised by the token count of *all* rows; ``scale`` multiplies what
     is backpropagated (W under FSDP, whose reduce-scatter takes the mean over ranks). The
     returned loss / KL are this share's parts of the step's (unscaled).
+
+    ``plain``: the slow twin (every row, in order, ``micro_batch_size`` rows a forward);
+    otherwise the lean step of the module docstring.
     """
-    device = next(model.parameters()).device
+    if beta != 0.0 and ref_model is None:
+        raise ValueError("beta > 0 needs a reference model")
     N = completion_ids.shape[0]  # noqa: N806
     total_tokens = int(completion_mask.sum())
-    if total_tokens == 0:
-        return BackboneStats(0.0, 0.0, 0)
-    loss_sum = 0.0
-    kl_sum = 0.0
     mine = torch.arange(N)[share]
-    for rows in torch.split(mine, micro_batch_size or max(len(mine), 1)):
+    if total_tokens == 0:
+        return BackboneStats(0.0, 0.0, 0, rows=len(mine))
+    size = micro_batch_size or max(len(mine), 1)
+    if plain:
+        chunks = [(rows, None) for rows in torch.split(mine, size)]
+        path, skipped = "plain", 0
+    else:
+        chunks, path, skipped = _lean_chunks(
+            model, prompt_ids, prompt_mask, completion_mask, advantages, mine, size, beta
+        )
+    device = next(model.parameters()).device
+    loss_sum = kl_sum = 0.0
+    for rows, prompt in chunks:
         tensors = [
             t[rows].to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)
         ]
-        p_ids, p_mask, c_ids, c_mask = _trim(*tensors)
-        logp = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+        if prompt is None:
+            p_ids, p_mask, c_ids, c_mask = _trim(*tensors)
+            logprobs = _padded(p_ids, p_mask, c_ids, c_mask)
+        else:
+            c_ids, c_mask = _trim_completions(tensors[2], tensors[3])
+            logprobs = _shared(prompt.to(device), c_ids)
+        logp = logprobs(model)
         ref = None
         if beta != 0.0:
-            if ref_model is None:
-                raise ValueError("beta > 0 needs a reference model")
             with torch.no_grad():
-                ref = completion_logprobs(ref_model, p_ids, p_mask, c_ids, c_mask)
+                ref = logprobs(ref_model)
         loss_t, kl_t = per_token_loss(
             logp, logp.detach(), advantages[rows].to(device), clip_eps, beta, ref
         )
@@ -158,7 +207,90 @@ def backbone_backward(
         loss_sum += float(loss.detach())
         if kl_t is not None:
             kl_sum += float(masked_token_sum(kl_t.detach(), c_mask)) / total_tokens
-    return BackboneStats(loss_sum, kl_sum, total_tokens)
+    return BackboneStats(loss_sum, kl_sum, total_tokens, rows=len(mine), skipped=skipped, path=path)
+
+
+Chunk = tuple[torch.Tensor, torch.Tensor | None]  # rows, and their shared prompt (or None)
+
+
+def _lean_chunks(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    mine: torch.Tensor,
+    size: int,
+    beta: float,
+) -> tuple[list[Chunk], str, int]:
+    """The lean step's forwards: (rows, shared prompt or None) chunks, the path taken and
+    the rows skipped (see the module docstring)."""
+    lengths = completion_mask.long().sum(dim=1)
+    needed = lengths[mine] > 0
+    if beta == 0.0:
+        needed &= advantages[mine] != 0
+    kept = mine[needed]
+    if len(kept) == 0:  # the plain step's all-zero gradient: one row of exact zeros
+        kept = mine[lengths[mine] > 0][:1] if bool((lengths[mine] > 0).any()) else mine[:1]
+    skipped = len(mine) - int(needed.sum())
+    device = next(model.parameters()).device
+    if not blocks_checkpointed(model) and prompt_cache_is_exact(model, device):
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r in kept.tolist():
+            groups.setdefault(tuple(prompt_ids[r][prompt_mask[r]].tolist()), []).append(r)
+        chunks = [
+            (rows, torch.tensor(prompt)[None])
+            for prompt, members in groups.items()
+            for rows in torch.split(torch.tensor(members), size)
+        ]
+        return chunks, "shared-prompt", skipped
+    total = prompt_mask.long().sum(dim=1) + lengths
+    order = kept[torch.argsort(total[kept], descending=True, stable=True)]
+    return [(rows, None) for rows in torch.split(order, size)], "per-row", skipped
+
+
+Logprobs = Callable[[nn.Module], torch.Tensor]
+
+
+def _padded(
+    p_ids: torch.Tensor, p_mask: torch.Tensor, c_ids: torch.Tensor, c_mask: torch.Tensor
+) -> Logprobs:
+    """Rows of left-padded prompts + completions, each forwarded whole."""
+    return lambda m: completion_logprobs(m, p_ids, p_mask, c_ids, c_mask)
+
+
+def _shared(prompt: torch.Tensor, c_ids: torch.Tensor) -> Logprobs:
+    """One prompt ``[1, P]`` run once, its cache repeated over the rows of ``c_ids``."""
+    return lambda m: shared_prompt_logprobs(m, prompt, c_ids)
+
+
+def shared_prompt_logprobs(
+    model: nn.Module, prompt: torch.Tensor, completion_ids: torch.Tensor
+) -> torch.Tensor:
+    """log pi(o_t | x, o_<t) ``[b, T]`` fp32 for ``b`` completions of ONE prompt ``[1, P]``
+    (no padding in the prompt): the prompt's forward gives the first token's logits and
+    its KV cache, repeated over the rows, against which the completions' first T - 1
+    tokens run (positions P .. P+T-2, counted on from the cache). Exact where
+    ``core.generation.prompt_cache_is_exact`` holds."""
+    b, T = completion_ids.shape  # noqa: N806
+    out = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+    first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[0, completion_ids[:, 0]]
+    if T == 1:
+        return first[:, None]
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(b)
+    rest = model(input_ids=completion_ids[:, :-1], past_key_values=cache, use_cache=True)
+    tail = torch.log_softmax(rest.logits.float(), dim=-1)
+    tail = tail.gather(-1, completion_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([first[:, None], tail], dim=1)
+
+
+def _trim_completions(
+    c_ids: torch.Tensor, c_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop all-pad completion columns on the right."""
+    keep = max(int(c_mask.long().sum(dim=1).max()), 1)
+    return c_ids[:, :keep], c_mask[:, :keep]
 
 
 def _trim(
@@ -166,5 +298,5 @@ def _trim(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Drop all-pad prompt columns on the left and all-pad completion columns on the right."""
     keep_p = int(p_mask.long().sum(dim=1).max())
-    keep_c = max(int(c_mask.long().sum(dim=1).max()), 1)
-    return p_ids[:, -keep_p:], p_mask[:, -keep_p:], c_ids[:, :keep_c], c_mask[:, :keep_c]
+    c_ids, c_mask = _trim_completions(c_ids, c_mask)
+    return p_ids[:, -keep_p:], p_mask[:, -keep_p:], c_ids, c_mask

@@ -5,9 +5,11 @@ One step t (both arms identical except where marked):
 1. prompts: ``prompts_per_step`` tasks from a seeded, stateless data order
    (``step_task_indices``: epoch e is the permutation ``default_rng([seed, e])``), so the
    order depends on (seed, t) only — the same for both arms and after ``--resume``;
-2. rollouts: ``generation.sample`` with G samples per prompt and seed (seed, t);
+2. rollouts: ``generation.sample`` with G samples per prompt and seed (seed, t), each
+   prompt prefilled once for its G rows where that is exact (``--plain-step``: per row);
 3. rewards: ``train.run.score`` (the verifiers: passed -> 1.0 else 0.0);
-4. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches; a
+4. backbone: group advantages, grad of the GRPO loss accumulated over micro-batches
+   (``grpo.backbone_backward``: the lean step, or with ``--plain-step`` its slow twin); a
    non-finite loss stops the run;
 5. ``CDRFTStep.before_update``: the probe measurement B_shared / R at theta (both arms,
    logged; carried over from the previous step's closing measurement), [cdrft]
@@ -19,6 +21,10 @@ One step t (both arms identical except where marked):
 8. the log row (``CDRFTStep.log_fields`` + the backbone's columns), written atomically
    to ``OUT/log.parquet`` and sent to the ``--report-to`` tracker (``train.tracking``); a
    checkpoint every ``save_every`` steps and at the end.
+
+Held-out evidence (``train.evidence``: ``--eval-every``, ``--audit-every``) is taken at
+the top of a step, at the weights its ``b_shared_before`` is measured at, when due, and
+after the last step; the tracker gets it at x = the steps done.
 
 Steps 5 and 7 are the same object the TRL backend's callback drives
 (``integrations.trl``); ``tests/train/test_cdrft_parity.py`` checks both take the same step.
@@ -60,6 +66,7 @@ from cdscope.train.engine import (
     shards_of,
     whole,
 )
+from cdscope.train.evidence import Evidence
 from cdscope.train.grpo import backbone_backward, group_advantages
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
@@ -141,6 +148,10 @@ def train_hf(
         tracking(cfg, start_step) if main else contextlib.nullcontext(_no_tracker) as track,
     ):
         cd = CDRFTStep(cfg, gm, inputs.probe, params, lambda: latest_checkpoint_path(out_dir))
+        evidence = Evidence(
+            cfg, inputs.evidence, gm, inputs.tokenizer, inputs.metadata, cd.rows,
+            kept_until=start_step if resume else None, write=main,
+        )  # fmt: skip
         bar = progress.add_task(
             f"train {cfg.regularizer}", total=cfg.steps, completed=start_step, live=""
         )
@@ -149,7 +160,9 @@ def train_hf(
             def status(phase: str, step: int = step) -> None:  # a line per phase in a log
                 progress.phase(bar, f"train {cfg.regularizer} step {step + 1}: {phase}")
 
-            row = _one_step(inputs, cd, optimizer, scheduler, step, status, shards)
+            _evidence(evidence, step, status, track)
+            audit_b_shared = evidence.audit_b_shared(step)  # at b_shared_before's weights
+            row = _one_step(inputs, cd, optimizer, scheduler, step, status, shards, audit_b_shared)
             log_rows.append(row)
             if main:
                 write_parquet(pd.DataFrame(log_rows), out_dir / LOG_NAME, inputs.metadata)
@@ -169,10 +182,25 @@ def train_hf(
             progress.update(bar, advance=1, live=live, description=f"train {cfg.regularizer}")
             if on_step is not None:
                 on_step(row)
+        if end_step == cfg.steps:
+            _evidence(evidence, end_step, lambda phase: None, track)
     final_dir = None
     if save_final and end_step == cfg.steps:
-        final_dir = save_final_model(model, inputs.tokenizer, out_dir / "final")
-    return TrainResult(out_dir, pd.DataFrame(log_rows), end_step, resumed_from, final_dir)
+        record = inputs.training_probe_record()
+        final_dir = save_final_model(model, inputs.tokenizer, out_dir / "final", record)
+    frames = evidence.frames()
+    return TrainResult(out_dir, pd.DataFrame(log_rows), end_step, resumed_from, final_dir, **frames)
+
+
+def _evidence(
+    evidence: Evidence, step: int, status: Callable[[str], None], track: Callable[[dict], None]
+) -> None:
+    """The held-out evidence due at the state after ``step`` steps, sent to the tracker at
+    x = ``step``."""
+    status("evidence")
+    fields = evidence.measure(step)
+    if fields:
+        track({"step": step, **fields})
 
 
 def engines(inputs: TrainInputs) -> None:
@@ -199,6 +227,7 @@ def _one_step(
     step: int,
     status: Callable[[str], None],
     shards: Shards,
+    audit_b_shared: float = math.nan,
 ) -> dict[str, Any]:
     """One optimizer step (0-based ``step``): rollouts, rewards, the GRPO backward, then
     the CD-RFT step around AdamW (``cd``). Returns the step's log row.
@@ -224,6 +253,7 @@ def _one_step(
             seed=rollout_seed(cfg.seed, step),
             batch_size=cfg.rollout_batch_size,
             top_p=cfg.top_p,
+            share_prefill=not cfg.plain_step,
         )
     expected = torch.arange(len(chosen)).repeat_interleave(cfg.group_size)
     if not torch.equal(rollouts.prompt_index, expected):  # groups must be consecutive rows
@@ -249,6 +279,9 @@ def _one_step(
         micro_batch_size=cfg.micro_batch_size,
         share=shards.share(len(rollouts.texts)),
         scale=float(shards.world),
+        # sharded: every rank must run the same forwards (FSDP's collectives), so no
+        # rank may skip rows the others run: the plain step
+        plain=cfg.plain_step or shards.sharded,
     )
     loss, kl = shards.total([stats.loss, stats.kl])
     backbone_s = time.perf_counter() - t
@@ -268,9 +301,10 @@ def _one_step(
         **reward_columns,
         "loss": loss,
         "kl": kl,
-        "grad_norm_backbone": grad_norm,
+        "grad_norm_rl": grad_norm,
         "lr": lr,
         "completion_tokens": stats.tokens,
-        **cd.log_fields({"rollout_s": rollout_s, "backbone_s": backbone_s}),
+        "skipped_fraction": stats.skipped_fraction,
+        **cd.log_fields({"rollout_s": rollout_s, "backbone_s": backbone_s}, audit_b_shared),
         "step_s": time.perf_counter() - began,
     }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from torch import nn
 from cdscope.core.batch import ProbeBatch
 from cdscope.settings.training import TrainConfig
 from cdscope.tasks import Task, verify_many
+from cdscope.train.evidence import EvidencePlan
 
 #: the per-step log of a run, ``OUT/log.parquet`` (both backends)
 LOG_NAME = "log.parquet"
@@ -40,6 +41,9 @@ class TrainResult:
     steps_done: int
     resumed_from: int | None
     final_dir: Path | None
+    #: ``OUT/eval.parquet`` / ``OUT/audit.parquet`` rows (None: not measured; docs/train.md)
+    eval: pd.DataFrame | None = None
+    audit: pd.DataFrame | None = None
 
 
 @dataclass
@@ -56,6 +60,13 @@ class TrainInputs:
     ref_model: nn.Module | None = None
     #: (tasks, completions) -> rewards; default: the shared verifiers (passed -> 1.0)
     reward_fn: RewardFn | None = None
+    evidence: EvidencePlan = field(default_factory=EvidencePlan)
+
+    def training_probe_record(self) -> dict[str, Any]:
+        """What a trained model's folder records about its probes
+        (``core.probes.TRAINING_PROBE_FILE``)."""
+        keys = ("training_probe_items", "probe_split", "probe_hash", "audit_probe_items")
+        return {k: self.metadata.get(k) for k in keys} | {"regularizer": self.cfg.regularizer}
 
 
 def verifier_rewards(
@@ -84,11 +95,16 @@ def score(
     return scores, columns
 
 
-def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path | None:
-    """``save_pretrained`` model + tokenizer into a temp folder, then rename to ``target``.
+def save_final_model(
+    model: nn.Module, tokenizer: Any, target: Path, probe_record: dict[str, Any] | None = None
+) -> Path | None:
+    """``save_pretrained`` model + tokenizer into a temp folder, then rename to ``target``;
+    ``probe_record`` (``TrainInputs.training_probe_record``) goes beside the weights, so an
+    audit of the folder can tell the items it was trained on.
 
     Under a launcher every rank calls it and rank 0 alone writes (returns None elsewhere);
     an FSDP2-sharded model's full weights are gathered to rank 0 first (a collective)."""
+    from cdscope.core.probes import write_training_probe
     from cdscope.distributed import is_sharded
     from cdscope.io import atomic_dir
     from cdscope.train.engine import full_model_state
@@ -99,6 +115,8 @@ def save_final_model(model: nn.Module, tokenizer: Any, target: Path) -> Path | N
     with atomic_dir(target) as tmp:  # writer errors: one line, the temp folder removed
         model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
+        if probe_record is not None:
+            write_training_probe(Path(tmp), probe_record)
     return target
 
 

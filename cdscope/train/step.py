@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+from torch.nn.utils import get_total_norm
 
 from cdscope.core.batch import ProbeBatch, rows_per_forward
 from cdscope.core.gating.model import GatedModel
@@ -59,7 +60,7 @@ from cdscope.train.cdrft import (
     measure_probe,
     project,
 )
-from cdscope.train.engine import shards_of
+from cdscope.train.engine import shards_of, whole
 
 Status = Callable[[str], None]
 
@@ -115,14 +116,17 @@ class CDRFTStep:
             status("probe")
             before = measure_probe(self.gm, self.probe, self.rows)
         measure_s = time.perf_counter() - began
-        reg_R, regularizer_s = math.nan, 0.0  # noqa: N806
+        reg_R, regularizer_s, reg_norm = math.nan, 0.0, 0.0  # noqa: N806
         if self.regularised and cfg.lam > 0:
             status("regulariser")
             began = time.perf_counter()
-            reg_R = add_regularizer_grad(  # noqa: N806
+            result = add_regularizer_grad(
                 self.gm, self.probe, self.params, cfg.lam, cfg.estimator, cfg.eps, self.rows,
                 at=before,
-            ).R  # fmt: skip
+            )  # fmt: skip
+            reg_R = result.R  # noqa: N806
+            # ||lambda grad R|| (a DTensor norm is a collective: every rank takes it)
+            reg_norm = cfg.lam * float(whole(get_total_norm(result.grads)))
             if not shards.sharded:  # DDP: the backbone part is already the all-reduced
                 # mean, so rank 0's sum is everyone's (FSDP: each rank owns its shards)
                 tensors_from_rank_zero([p.grad for p in self.params if p.grad is not None])
@@ -134,6 +138,7 @@ class CDRFTStep:
             "b_shared_before": before.b_shared,
             "r_before": before.R,
             "r_regularizer": reg_R,
+            "grad_norm_reg": reg_norm,
             "measure_s": measure_s,
             "regularizer_s": regularizer_s,
         }
@@ -178,10 +183,14 @@ class CDRFTStep:
         if any(reached):
             require_reached(self.gm.model, self.params, reached, "the training step's gradient")
 
-    def log_fields(self, timings: dict[str, float] | None = None) -> dict[str, Any]:
+    def log_fields(
+        self, timings: dict[str, float] | None = None, audit_b_shared: float = math.nan
+    ) -> dict[str, Any]:
         """The step's probe and regulariser columns, then the backend's own phase
-        ``timings`` (e.g. ``rollout_s``, ``backbone_s``), then the probe phases' seconds."""
-        f = self.fields
+        ``timings`` (e.g. ``rollout_s``, ``backbone_s``), then the probe phases' seconds.
+        ``audit_b_shared``: the audit probe's B_shared at the weights ``b_shared_before``
+        was measured at (``train.evidence``; NaN when not measured)."""
+        f = self.fields | {"audit_b_shared": audit_b_shared}
         return {
             **{k: f[k] for k in PROBE_COLUMNS},
             **(timings or {}),
@@ -191,7 +200,7 @@ class CDRFTStep:
 
 #: the columns ``CDRFTStep.log_fields`` fills, in log order (docs/train.md)
 PROBE_COLUMNS = (
-    "b_shared_before", "r_before", "b_shared_after_update", "b_shared_after", "r_after",
-    "r_regularizer", "proj_iters",
+    "b_shared_before", "audit_b_shared", "r_before", "b_shared_after_update", "b_shared_after",
+    "r_after", "r_regularizer", "grad_norm_reg", "proj_iters",
 )  # fmt: skip
 TIMING_COLUMNS = ("measure_s", "regularizer_s", "projection_s")

@@ -138,8 +138,16 @@ def test_batch_size_chunks_agree_with_one_batch_when_greedy(model, tokenizer) ->
         seed=0,
         batch_size=3,
         on_batch=seen.append,
+        share_prefill=False,
     )
     assert seen == [3, 6, 8]
+    shared: list[int] = []  # a shared prefill keeps a prompt's rows in one call: 2 rows each
+    grouped = sample(
+        model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=6, temperature=0, seed=0,
+        batch_size=3, on_batch=shared.append,
+    )  # fmt: skip
+    assert shared == [2, 4, 6, 8]
+    assert _masked(grouped) == _masked(one)
     assert _masked(one) == _masked(chunked) and one.texts == chunked.texts
 
 

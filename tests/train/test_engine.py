@@ -140,8 +140,14 @@ def _one_step(files, out: Path, **changes) -> dict[str, torch.Tensor]:
 
 
 def test_hf_loop_with_activation_checkpointing_takes_the_same_step(files, tmp_path) -> None:
-    plain = _one_step(files, tmp_path / "plain")
-    checkpointed = _one_step(files, tmp_path / "ckpt", activation_checkpointing=True)
+    """Bit for bit on the plain step. (The lean step's shared prompt gives way to its
+    per-row path under checkpointing, which reruns a block's forward in the backward and
+    would append to the prompt's cache twice: tests/train/test_lean_step.py checks that
+    path's gradient against the plain one.)"""
+    plain = _one_step(files, tmp_path / "plain", plain_step=True)
+    checkpointed = _one_step(
+        files, tmp_path / "ckpt", activation_checkpointing=True, plain_step=True
+    )
     assert all(torch.equal(plain[k], checkpointed[k]) for k in plain)  # measured: bit for bit
     logs = [pd.read_parquet(tmp_path / d / "log.parquet") for d in ("plain", "ckpt")]
     assert logs[0]["b_shared_after"].equals(logs[1]["b_shared_after"])

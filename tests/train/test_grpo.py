@@ -12,7 +12,7 @@ from cdscope.train.grpo import (
     group_advantages,
     per_token_loss,
 )
-from tests.helpers import byte_tokenizer, tiny_model
+from tests.helpers import byte_tokenizer, per_sample_grpo_grads, tiny_model
 
 
 def test_group_advantages_formula() -> None:
@@ -53,44 +53,31 @@ def rollouts():
     return model, r
 
 
-def _twin_grads(model, r, adv, beta, ref):
-    """Per-sample loop on unpadded sequences: sum_i sum_t (-A_i logp_it + beta k3) / tokens."""
-    model.zero_grad(set_to_none=True)
-    total = int(r.completion_mask.sum())
-    for i in range(r.completion_ids.shape[0]):
-        prompt = r.prompt_ids[i][r.prompt_mask[i]]
-        completion = r.completion_ids[i][r.completion_mask[i]]
-        ids = torch.cat([prompt, completion])[None]
-
-        def logp_of(m, ids=ids, prompt=prompt, completion=completion):
-            logits = m(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-            return torch.log_softmax(logits, -1).gather(-1, completion[:, None]).squeeze(-1)
-
-        logp = logp_of(model)
-        loss = -adv[i] * logp.sum()
-        if beta:
-            delta = logp_of(ref).detach() - logp
-            loss = loss + beta * (torch.exp(delta) - delta - 1).sum()
-        (loss / total).backward()
-    return [p.grad.clone() for p in model.parameters()]
-
-
+@pytest.mark.parametrize("plain", [True, False])
 @pytest.mark.parametrize("beta", [0.0, 0.05])
-def test_backbone_gradient_matches_per_sample_twin(rollouts, beta: float) -> None:
+def test_backbone_gradient_matches_per_sample_twin(rollouts, beta: float, plain: bool) -> None:
+    """Both steps against the per-sample loop: the plain step forwards the same whole
+    sequences (to 1e-8), the lean one shares the prompt's cache and skips zero-advantage
+    rows, whose different float64 sums round differently into the fp32 log-softmax
+    (measured over 7 architectures x 2 kernels: at most 2.4e-7 of the largest entry)."""
     model, r = rollouts
-    adv = group_advantages(torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 0, 1]), 4)
+    # group 2's rewards are equal: advantages 0, its rows skipped by the lean step at beta 0
+    adv = group_advantages(torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1]), 4)
     ref = tiny_model("llama", "sdpa", dtype=torch.float64, seed=1) if beta else None
-    twin = _twin_grads(model, r, adv, beta, ref)
+    twin = per_sample_grpo_grads(model, r, adv, beta, ref)
     model.zero_grad(set_to_none=True)
     stats = backbone_backward(
         model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, adv,
-        beta=beta, ref_model=ref, micro_batch_size=5,
+        beta=beta, ref_model=ref, micro_batch_size=5, plain=plain,
     )  # fmt: skip
     assert stats.tokens == int(r.completion_mask.sum())
-    fast = [p.grad for p in model.parameters()]
-    assert sum(float(g.norm()) for g in twin) > 1e-3  # the check is not vacuous
-    for a, b in zip(fast, twin, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+    assert stats.path == ("plain" if plain else "shared-prompt")
+    assert stats.skipped == (4 if beta == 0 and not plain else 0)  # group 2's advantages are 0
+    fast = torch.cat([p.grad.flatten() for p in model.parameters()])
+    slow = torch.cat([g.flatten() for g in twin])
+    assert float(slow.norm()) > 1e-3  # the check is not vacuous
+    floor = 1e-8 if plain else 1e-6
+    assert float((fast - slow).abs().max()) <= floor * float(slow.abs().max())
     if beta:
         assert stats.kl > 0
 
@@ -103,7 +90,7 @@ def test_micro_batching_is_exact(rollouts) -> None:
         model.zero_grad(set_to_none=True)
         backbone_backward(
             model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, adv,
-            micro_batch_size=mb,
+            micro_batch_size=mb, plain=True,
         )  # fmt: skip
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)

@@ -21,7 +21,7 @@ from cdscope.commands.train import run_train
 from cdscope.core.control import control_autograd
 from cdscope.core.gating.model import GatedModel
 from cdscope.core.models.opening import ModelOptions
-from cdscope.core.probes import load_pool
+from cdscope.core.probes import load_pool, split_pool
 from cdscope.core.regularizer import regularizer_grad
 from cdscope.errors import CdscopeError
 from cdscope.io import read_parquet
@@ -32,23 +32,19 @@ from cdscope.train import loop
 from cdscope.train.cdrft import add_regularizer_grad, build_probe, measure_probe, project
 from cdscope.train.loop import step_task_indices
 from tests.helpers import (
+    TIMING_COLUMNS,
     byte_tokenizer,
     config,
     parity_reward,
     tiny_model,
-    write_pool,
+    train_files,
     write_tasks_file,
 )
-
-TIMING = ["rollout_s", "backbone_s", "measure_s", "regularizer_s", "projection_s", "step_s"]
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
-    return {
-        "tasks": write_tasks_file(tmp_path / "tasks.jsonl"),
-        "pool": write_pool(tmp_path / "pool.jsonl", {"math": 4, "code": 4, "logic": 4}),
-    }
+    return train_files(tmp_path)
 
 
 def run(cfg: TrainConfig, **kwargs):
@@ -108,11 +104,11 @@ def test_resume_is_bit_for_bit(files, tmp_path: Path) -> None:
     assert resumed.resumed_from == 2
     for (name, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
-    log_a = straight.log.drop(columns=TIMING)
-    log_b = resumed.log.drop(columns=TIMING)
+    log_a = straight.log.drop(columns=TIMING_COLUMNS)
+    log_b = resumed.log.drop(columns=TIMING_COLUMNS)
     pd.testing.assert_frame_equal(log_a, log_b, check_exact=True)
     on_disk, meta = read_parquet(tmp_path / "b" / "log.parquet")
-    pd.testing.assert_frame_equal(on_disk.drop(columns=TIMING), log_b, check_exact=True)
+    pd.testing.assert_frame_equal(on_disk.drop(columns=TIMING_COLUMNS), log_b, check_exact=True)
     assert meta["config"]["regularizer"] == "cdrft"
     # the run really trained: parameters moved, projection ran, rewards varied
     assert not torch.equal(m1.state_dict()["lm_head.weight"], tiny_model("llama").lm_head.weight)
@@ -137,7 +133,7 @@ def test_cdrft_at_head_granularity_regularises_head_level_b_shared(files, tmp_pa
     the regulariser moves it, and the setting is fixed across --resume."""
     model = tiny_model("llama", "sdpa")
     with GatedModel(model, granularity="head") as gm:
-        pool = load_pool([files["pool"]])
+        pool = split_pool(load_pool([files["pool"]]), "train")  # the training probe's half
         probe = build_probe(pool, byte_tokenizer(), 0, 2, pool.families)
         expected = b_shared(control_autograd(gm, probe).C)
     head, _ = run(config(files, tmp_path / "head", steps=1, granularity="head"), model=model)
@@ -264,9 +260,11 @@ def test_cli_trains_with_the_real_verifiers_and_bshared_loads_the_result(
     assert log["b_shared_before"].iloc[1] == log["b_shared_after"].iloc[0]
     audit = CliRunner().invoke(
         app, ["bshared", "-m", str(out / "final"), *common, "--n", "2", "--seeds", "1",
-              "--out", str(tmp_path / "b.parquet"), "--json"],
+              "--probe-split", "train", "--out", str(tmp_path / "b.parquet"), "--json"],
     )  # fmt: skip
     assert audit.exit_code == 0, audit.output
+    # the training probe itself (its half, its seed): the audit says so in one line
+    assert "was trained (--regularizer cdrft) on a probe that shares 6 item(s)" in audit.output
     (row,) = [r for r in json.loads(audit.stdout)["per_seed"] if r["measure"] == "B_shared_C"]
     assert abs(row["value"] - log["b_shared_after"].iloc[1]) < 1e-6  # the same probe, reloaded
 

@@ -30,7 +30,7 @@ _EXPORTS = {
         ),
         "cdscope.tasks.io.format",
     ),
-    "with_mapping": "cdscope.tasks.io.readers",
+    **dict.fromkeys(("split_source", "with_mapping"), "cdscope.tasks.io.readers"),
     **dict.fromkeys(
         (
             "audit",

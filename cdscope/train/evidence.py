@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,17 +235,22 @@ class Evidence:
         frame = read_parquet(path)[0]
         return frame[frame["step"] <= until].reset_index(drop=True)
 
-    def measure(self, step: int) -> dict[str, float]:
-        """Whatever is due at state ``step``; returns the tracker fields measured now."""
+    def measure(
+        self, step: int, status: Callable[[str], None] = lambda phase: None
+    ) -> dict[str, float]:
+        """Whatever is due at state ``step``; returns the tracker fields measured now.
+        ``status`` names each measurement as it starts (a line per phase in a log)."""
         fields: dict[str, float] = {}
         cfg = self.cfg
         if due(step, cfg.eval_every, cfg.steps) and not self._has(self.eval_rows, step):
+            status("held-out pass@k")
             frame = self._eval(step)
             self.eval_rows = pd.concat([self.eval_rows, frame], ignore_index=True)
             self._write(EVAL_NAME, self.eval_rows)
             for row in frame[frame["level"] != "benchmark"].itertuples():
                 fields[f"eval/pass@{row.k}/{row.family}"] = float(row.pass_at_k)
         if due(step, cfg.audit_every, cfg.steps) and not self._has(self.audit_rows, step):
+            status("audit probe")
             frame = self._audit(step)
             self.audit_rows = pd.concat([self.audit_rows, frame], ignore_index=True)
             self._write(AUDIT_NAME, self.audit_rows)

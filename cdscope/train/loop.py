@@ -197,8 +197,7 @@ def _evidence(
 ) -> None:
     """The held-out evidence due at the state after ``step`` steps, sent to the tracker at
     x = ``step``."""
-    status("evidence")
-    fields = evidence.measure(step)
+    fields = evidence.measure(step, status)
     if fields:
         track({"step": step, **fields})
 

@@ -209,8 +209,15 @@ def measure(
 #: the keyword arguments ``bshared`` / ``acg`` / ``decompose`` pass on to ``measure``
 MEASURE_OPTIONS = frozenset(
     {
-        "probe", "seeds", "n", "template", "estimator", "batch_size", "progress",
-        "granularity", "probe_split",
+        "probe",
+        "seeds",
+        "n",
+        "template",
+        "estimator",
+        "batch_size",
+        "progress",
+        "granularity",
+        "probe_split",
     }  # fmt: skip
 )
 

@@ -262,6 +262,16 @@ def write_parquet(frame: pd.DataFrame, path: str | Path, metadata: dict) -> Path
     return Path(path)
 
 
+def rows_up_to(path: str | Path, until: int | None, column: str = "step") -> pd.DataFrame:
+    """The rows of cdscope Parquet ``path`` whose ``column`` is at most ``until`` (what a
+    resumed run keeps of an earlier invocation's per-step file); empty when ``until`` is
+    None or there is no file."""
+    if until is None or not Path(path).is_file():
+        return pd.DataFrame()
+    frame = read_parquet(path)[0]
+    return frame[frame[column] <= until].reset_index(drop=True)
+
+
 def read_parquet(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """Load a cdscope Parquet file: (frame, metadata). One-line error if it is not one."""
     source = Path(path)

@@ -68,7 +68,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "against": STRING, "items": INT, "exact": INT, "normalised": INT, "code_items": INT,
     "same_asserts": INT, "max_jaccard": FLOAT, "max_pair": STRING,
     # train: log.parquet (both backends)
-    "step": INT, "reward": FLOAT, "kl": FLOAT, "grad_norm_rl": FLOAT, "lr": FLOAT,
+    "step": INT, "reward": FLOAT, "verifier_errors": INT, "kl": FLOAT, "grad_norm_rl": FLOAT, "lr": FLOAT,
     "completion_tokens": INT, "skipped_fraction": FLOAT, "b_shared_before": FLOAT,
     "audit_b_shared": FLOAT, "grad_norm_reg": FLOAT, "r_before": FLOAT,
     "b_shared_after_update": FLOAT, "b_shared_after": FLOAT, "r_after": FLOAT,
@@ -77,6 +77,8 @@ COLUMNS: dict[str, pa.DataType] = {
     # train: eval.parquet and audit.parquet (held-out evidence, train/evidence.py)
     "trained": BOOL, "samples": INT, "b_shared": FLOAT, "b_dir": FLOAT, "b_norm": FLOAT,
     "b_shared_unbiased": FLOAT, "gram_negative_mass": FLOAT, "families": STRING,
+    # train: completions.parquet (--log-completions, train/completions.py)
+    "truncated": BOOL, "advantage": FLOAT,
 }  # fmt: skip
 #: names made from a prefix: the mean reward per training family, contamination counts per
 #: Jaccard threshold (``jaccard>=0.8``)

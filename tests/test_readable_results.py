@@ -117,6 +117,6 @@ def test_the_report_shows_settings_by_their_option_names(tmp_path) -> None:
     assert setting_name("lam") == "lambda" and setting_name("k_max") == "k-max"
     assert setting_name("not_an_option") == "not_an_option"
     config = {"regularizer": "cdrft", "lam": 0.5, "tau": 70.0, "prompts_per_step": 8}
-    html = train_section(tmp_path, log([1]), {"config": config}, None)
+    html = train_section(tmp_path, {"log": log([1])}, {"config": config}, None)
     assert "<td>lambda</td>" in html and "<td>prompts-per-step</td>" in html
     assert "<td>lam</td>" not in html

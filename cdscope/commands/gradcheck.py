@@ -112,7 +112,9 @@ def run_gradcheck(
         task = progress.add_task("gradcheck", total=len(settings.seeds) * (1 + len(variants)))
         for seed in settings.seeds:
             rows += sweep.seed(gm, seed, progress, task)
-            write_parquet(pd.DataFrame(rows, columns=GRADCHECK_COLUMNS), partial_path(out), metadata)
+            write_parquet(
+                pd.DataFrame(rows, columns=GRADCHECK_COLUMNS), partial_path(out), metadata
+            )
         outputs.write_parquet(pd.DataFrame(rows, columns=GRADCHECK_COLUMNS), out, metadata)
         outputs.remove_on_commit(partial_path(out))
     return pd.DataFrame(rows, columns=GRADCHECK_COLUMNS)

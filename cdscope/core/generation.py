@@ -64,6 +64,7 @@ class Rollouts:
     prompt_mask: torch.Tensor  # [N, P] bool, True on real prompt tokens
     completion_ids: torch.Tensor  # [N, T] long, right-padded after the first EOS
     completion_mask: torch.Tensor  # [N, T] bool, True up to and including the first EOS
+    truncated: torch.Tensor  # [N] bool: no EOS within the --max-new-tokens cap
     texts: list[str]  # decoded completions (special tokens skipped, stopped at EOS)
     generated_tokens: int  # completion_mask.sum()
     seconds: float
@@ -366,6 +367,8 @@ def sample(
     prompt_mask = _pad_stack(pmask_chunks, width_p, False, left=True)
     completion = _pad_stack(comp_chunks, width_t, pad_id, left=False)
     mask = completion_mask(completion, eos_ids)
+    # no EOS at all: the cap cut it (a shorter chunk's right-padding only follows an EOS)
+    truncated = ~torch.isin(completion, torch.tensor(list(eos_ids))).any(dim=1)
     completion = completion.masked_fill(~mask, pad_id)
     texts = [
         tokenizer.decode(row[m].tolist(), skip_special_tokens=True)  # type: ignore[attr-defined]
@@ -377,6 +380,7 @@ def sample(
         prompt_mask=prompt_mask,
         completion_ids=completion,
         completion_mask=mask,
+        truncated=truncated,
         texts=texts,
         generated_tokens=int(mask.sum()),
         seconds=time.perf_counter() - start,

@@ -246,8 +246,11 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         beta=cfg.beta,
         epsilon=cfg.clip_eps,
         use_bias_correction_kl=False,  # SPEC §5: the plain k3 KL (TRL >= 1.x defaults to True)
-        loss_type="dapo",
-        scale_rewards="group",
+        loss_type=cfg.loss_type,
+        scale_rewards=cfg.scale_rewards,
+        num_iterations=cfg.num_iterations,
+        mask_truncated_completions=cfg.mask_truncated_completions,
+        log_completions=cfg.log_completions,
         seed=cfg.seed,
         logging_steps=1,
         save_steps=cfg.save_every,
@@ -260,7 +263,11 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         gradient_checkpointing_kwargs={"use_reentrant": False},
         disable_tqdm=True,
     )
+    if cfg.epsilon_high is not None:
+        values["epsilon_high"] = cfg.epsilon_high
+    refuse_liger(cfg.regularizer, overrides)
     owned = {
+        **{key: f"set it with {flag}" for key, flag in TRAIN_OPTIONS.items()},
         "report_to": "give the tracker with --report-to (it reaches TRL's report_to and adds "
         "the log's fields)",
         "gradient_checkpointing": "turn activation checkpointing on with "
@@ -278,6 +285,37 @@ def grpo_config(inputs: TrainInputs, **overrides: Any) -> Any:
         return GRPOConfig(**values)
     except (TypeError, ValueError) as exc:
         raise CdscopeError(f"TRL GRPOConfig refused the settings: {exc}") from exc
+
+
+#: GRPOConfig fields that are ``cdscope train`` options (validated in settings/training.py)
+TRAIN_OPTIONS = {
+    "loss_type": "--loss-type", "beta": "--beta", "scale_rewards": "--scale-rewards",
+    "epsilon": "--epsilon", "epsilon_high": "--epsilon-high",
+    "num_iterations": "--num-iterations",
+    "mask_truncated_completions": "--mask-truncated-completions",
+    "log_completions": "--log-completions", "learning_rate": "--lr",
+    "num_generations": "--group-size", "max_completion_length": "--max-new-tokens",
+    "temperature": "--temperature", "seed": "--seed", "max_steps": "--steps",
+}  # fmt: skip
+
+
+def refuse_liger(regularizer: str, overrides: dict[str, Any]) -> None:
+    """``use_liger_kernel`` with CD-RFT: refused in one line.
+
+    With ``use_liger_kernel=True`` TRL's ``compute_loss`` returns Liger's fused GRPO loss
+    and never reaches ``_compute_loss`` (TRL issues 7009, 7270): loss-side terms such as
+    a MoE router's auxiliary loss are dropped and the loss options act as Liger implements
+    them. cdscope's lambda grad R enters at ``on_pre_optimizer_step`` and would still act,
+    but the GRPO half of the step would no longer be the one tests/train/test_cdrft_parity.py
+    checks against the hf loop -- a CD-RFT run whose backbone cdscope cannot vouch for."""
+    value = overrides.get("use_liger_kernel")
+    if regularizer == "cdrft" and str(value).strip().lower() in ("1", "true", "yes", "on"):
+        raise CdscopeError(
+            "--trl-arg use_liger_kernel=true with --regularizer cdrft: TRL's Liger loss skips "
+            "_compute_loss (MoE aux loss dropped, TRL issues 7009 and 7270), so the GRPO half "
+            "of the step is not the one cdscope checks against its hf loop; drop "
+            "use_liger_kernel, or train --regularizer none"
+        )
 
 
 def require_vllm() -> None:

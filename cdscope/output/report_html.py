@@ -150,14 +150,12 @@ def eval_section(path: Path, tables: dict[str, pd.DataFrame], metadata: dict, fi
 def setting_name(field: str) -> str:
     """A training setting as the user sets it: its option without dashes (``lam`` ->
     ``lambda``, ``prompts_per_step`` -> ``prompts-per-step``), else the field's name."""
-    from cdscope.settings.names import option_fields
-    from cdscope.settings.training import TrainConfig
+    import dataclasses
 
-    flags = {f.name: f.metadata["flag"] for f in option_fields(TrainConfig)}
-    flag = flags.get(field)
-    if flag is None:
-        return field
-    return (flag if isinstance(flag, str) else flag[0]).removeprefix("--")
+    from cdscope.settings.training import TrainConfig, flag_of
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig) if "flag" in f.metadata}
+    return flag_of(fields[field]).removeprefix("--") if field in fields else field
 
 
 def train_section(

@@ -41,6 +41,10 @@ from cdscope.settings.names import (
 )
 
 REGULARIZERS = ("none", "cdrft")
+#: the GRPO loss's normaliser (train/grpo.py ``token_weights``; TRL's ``loss_type``)
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
+#: what divides r_i - mean_group(r) (train/grpo.py ``advantages``; TRL's ``scale_rewards``)
+SCALE_REWARDS = ("group", "batch", "none")
 BACKENDS = ("hf", "trl")
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")  # train/tracking.py
 SHARDINGS = ("none", "fsdp")  # train/engine.py
@@ -71,8 +75,44 @@ class TrainConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
-    clip_eps: float = 0.2
+    clip_eps: float = setting(
+        0.2,
+        "--epsilon",
+        "Clipped surrogate: the ratio is clipped to [1 - epsilon, 1 + epsilon-high].",
+    )
+    epsilon_high: float | None = setting(
+        None, "--epsilon-high", "Upper clip bound (DAPO's clip-higher); default --epsilon."
+    )
     beta: float = setting(0.0, "--beta", "k3 KL coefficient vs the initial model.")
+    loss_type: str = setting(
+        "dapo",
+        "--loss-type",
+        "GRPO loss normaliser: dapo (token mean over the step) | grpo (mean over completions "
+        "of each one's token mean) | dr_grpo (token sum / (completions x --max-new-tokens)) | "
+        "bnpo (token mean over the local batch: the step, in the hf loop).",
+    )
+    scale_rewards: str = setting(
+        "group",
+        "--scale-rewards",
+        "Advantage scale: group (std within each group) | batch (std over the step) | none "
+        "(Dr. GRPO: rewards minus the group mean only).",
+    )
+    num_iterations: int = setting(
+        1,
+        "--num-iterations",
+        "Policy updates per generation batch (TRL's mu; above 1 only with --backend trl).",
+    )
+    mask_truncated_completions: bool = setting(
+        False,
+        "--mask-truncated-completions",
+        "Leave completions cut at --max-new-tokens (no EOS) out of the loss and its normaliser.",
+    )
+    log_completions: bool = setting(
+        False,
+        "--log-completions",
+        "Keep every rollout (task, completion, reward, advantage) in OUT/completions.parquet "
+        "(with --backend trl, TRL's own completion log as well).",
+    )
     regularizer: str = setting("cdrft", "--regularizer", "none (GRPO) | cdrft (GRPO + CD-RFT).")
     lam: float = setting(1.0, "--lambda", "Regulariser weight lambda.")
     tau: float = setting(  # percent, like every human-facing B_shared
@@ -205,8 +245,7 @@ class TrainConfig:
         for item in dataclasses.fields(self):  # NaN / inf slip through every comparison below
             value = getattr(self, item.name)
             if isinstance(value, float) and not math.isfinite(value):
-                flag = "--lambda" if item.name == "lam" else "--" + item.name.replace("_", "-")
-                raise CdscopeError(f"{flag} must be a finite number; got {value}")
+                raise CdscopeError(f"{flag_of(item)} must be a finite number; got {value}")
         if not 0 <= self.seed <= SEED_MAX:
             raise CdscopeError(f"--seed must lie in [0, {SEED_MAX}]; got {self.seed}")
         for name in (
@@ -271,6 +310,7 @@ class TrainConfig:
                 f"--probe-split must be one of {' | '.join(PROBE_SPLITS)}; got {self.probe_split!r}"
             )
         self._validate_evidence()
+        self._validate_grpo()
         if self.estimator not in GRADIENT_ESTIMATORS:
             raise CdscopeError(
                 f"--estimator must be one of {', '.join(GRADIENT_ESTIMATORS)}; got {self.estimator!r}"
@@ -287,6 +327,38 @@ class TrainConfig:
                     f"--tau is a B_shared threshold in percent and must lie in [100/M, 100] = "
                     f"[{low:.4g}, 100] for M = {num_probe_families} probe families; got {self.tau:g}"
                 )
+
+    def _validate_grpo(self) -> None:
+        """The GRPO loss options (TRL's names): known choices, clip bounds that keep the
+        clipped ratio positive, and what the hf loop does not implement refused by name."""
+        if self.loss_type not in LOSS_TYPES:
+            raise CdscopeError(
+                f"--loss-type must be one of {' | '.join(LOSS_TYPES)}; got {self.loss_type!r}"
+            )
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise CdscopeError(
+                f"--scale-rewards must be one of {' | '.join(SCALE_REWARDS)}; "
+                f"got {self.scale_rewards!r}"
+            )
+        if not 0 < self.clip_eps < 1:
+            raise CdscopeError(f"--epsilon must lie in (0, 1); got {self.clip_eps:g}")
+        if self.epsilon_high is not None and not self.epsilon_high > 0:
+            raise CdscopeError(f"--epsilon-high must be positive; got {self.epsilon_high:g}")
+        if not 1 <= self.num_iterations <= COUNT_MAX:
+            raise CdscopeError(
+                f"--num-iterations must be a positive integer; got {self.num_iterations}"
+            )
+        if self.num_iterations > 1 and self.backend != "trl":
+            raise CdscopeError(
+                "--num-iterations above 1 reuses each generation batch for several updates, "
+                "which the hf loop does not do; use --backend trl, or 1"
+            )
+
+    @property
+    def clip_bounds(self) -> tuple[float, float]:
+        """The clipped ratio's interval [1 - epsilon, 1 + epsilon_high]."""
+        high = self.clip_eps if self.epsilon_high is None else self.epsilon_high
+        return 1.0 - self.clip_eps, 1.0 + high
 
     def _validate_evidence(self) -> None:
         """--eval-every / --audit-every: a step count in [1, --steps]; the other evidence
@@ -314,6 +386,14 @@ class TrainConfig:
                 f"pass@{max(self.eval_k)} needs at least {max(self.eval_k)} samples per problem "
                 f"but --eval-n is {self.eval_n}: raise --eval-n or drop k={max(self.eval_k)}"
             )
+
+
+def flag_of(item: dataclasses.Field) -> str:
+    """How the user spells field ``item``: its (first) option, or ``--name-with-dashes``."""
+    flag = item.metadata.get("flag")
+    if flag is None:
+        return "--" + item.name.replace("_", "-")
+    return flag if isinstance(flag, str) else flag[0]
 
 
 def cli_fields() -> list[dataclasses.Field]:

@@ -46,7 +46,7 @@ from cdscope.core.engines.hf import HFEngine
 from cdscope.core.gating.model import GatedModel
 from cdscope.core.probes import ProbePool, draw_probe, item_overlap, load_pool, split_pool
 from cdscope.errors import CdscopeError
-from cdscope.io import content_hash, read_parquet, write_parquet
+from cdscope.io import content_hash, rows_up_to, write_parquet
 from cdscope.messages import warn
 from cdscope.settings import EvalSettings
 from cdscope.settings.training import TrainConfig
@@ -212,8 +212,8 @@ class Evidence:
         self.cfg, self.plan, self.gm, self.tokenizer = cfg, plan, gm, tokenizer
         self.metadata, self.rows, self.write = metadata, rows_per_forward, write
         self.out = Path(cfg.out_dir)
-        self.eval_rows = self._kept(EVAL_NAME, kept_until)
-        self.audit_rows = self._kept(AUDIT_NAME, kept_until)
+        self.eval_rows = rows_up_to(self.out / EVAL_NAME, kept_until)
+        self.audit_rows = rows_up_to(self.out / AUDIT_NAME, kept_until)
         if kept_until is not None:  # a resume: the files lose the states it takes again
             for name, rows in ((EVAL_NAME, self.eval_rows), (AUDIT_NAME, self.audit_rows)):
                 if (self.out / name).is_file():
@@ -226,14 +226,6 @@ class Evidence:
                 items = draw_probe(plan.audit_pool, seed, cfg.audit_n)
                 batch = encode_probe(items, tokenizer, cfg.template, pad_id=pad_id)
                 self.batches.append(batch.to(device))
-
-    def _kept(self, name: str, until: int | None) -> pd.DataFrame:
-        """Rows of an earlier invocation's file for states up to ``until`` (a resume)."""
-        path = self.out / name
-        if until is None or not path.is_file():
-            return pd.DataFrame()
-        frame = read_parquet(path)[0]
-        return frame[frame["step"] <= until].reset_index(drop=True)
 
     def measure(
         self, step: int, status: Callable[[str], None] = lambda phase: None
@@ -310,9 +302,7 @@ class Evidence:
             C = measured.control.C_kept()  # noqa: N806
             # the noise-corrected twin (needs n >= 2) and the eigenvalue mass clipped to read
             # it: a separate quantity, never compared with the plain one (docs/bshared.md)
-            corrected = corrected_measures(
-                measured.control.kept_samples(), ["B_shared_C_unbiased"]
-            )
+            corrected = corrected_measures(measured.control.kept_samples(), ["B_shared_C_unbiased"])
             rows.append(
                 {
                     "step": step,

@@ -4,13 +4,25 @@ For G completions o_1..o_G of one prompt with rewards r_i,
 
     A_i   = (r_i - mean_j r_j) / (std_j r_j + 1e-4)          (std with ddof = 1, as TRL)
     rho   = exp(logp - logp_old)                             per completion token
-    l_t   = -min(rho A_i, clip(rho, 1 - clip_eps, 1 + clip_eps) A_i) + beta * KL_t
+    l_t   = -min(rho A_i, clip(rho, 1 - eps, 1 + eps_high) A_i) + beta * KL_t
     KL_t  = exp(ref - logp) - (ref - logp) - 1               (k3 estimator, frozen reference)
-    loss  = sum over all completion tokens of the step of l_t / (number of those tokens)
+    loss  = sum_i w_i * sum over o_i's completion tokens of l_t
 
-"Mean over completion tokens" is taken over every completion token of the optimizer
-step (TRL's ``loss_type="dapo"`` / ``"bnpo"`` on a single batch), so a micro-batch's
-share is its token sum divided by the step's token count: gradient accumulation over
+with the normaliser w_i of ``--loss-type`` (TRL's ``loss_type``, ``token_weights``), over
+the N completions of the optimizer step with |o_i| tokens each:
+
+* ``dapo`` (default): w_i = 1 / sum_j |o_j| -- the mean over every completion token of
+  the step; ``bnpo`` (TRL: the local batch's token mean) is the same here, where one
+  batch is the step;
+* ``grpo``: w_i = 1 / (N max(|o_i|, 1)) -- each completion's token mean, averaged;
+* ``dr_grpo``: w_i = 1 / (N L) with L = ``--max-new-tokens`` (Dr. GRPO: no length bias).
+
+``--scale-rewards`` (``advantages``): ``group`` divides by the group's std as above,
+``batch`` by the std of all N rewards, ``none`` by nothing (r_i - mean_j r_j; Dr. GRPO).
+``--mask-truncated-completions`` drops the rows that reached the length cap without an
+EOS from the loss and from every normaliser (TRL's rule), before the weights are taken.
+
+A micro-batch's share is its rows' weighted token sums, so gradient accumulation over
 micro-batches gives exactly the full-batch gradient, whatever the split. With one
 policy update per batch, logp_old = logp.detach() and rho = 1 in value, but the
 general form is kept so the gradient is the clipped-surrogate one.
@@ -57,14 +69,41 @@ from cdscope.train.engine import blocks_checkpointed
 ADV_EPS = 1e-4
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Group-normalised advantages of ``rewards`` [N] (groups of ``group_size`` consecutive rows)."""
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group") -> torch.Tensor:
+    """Advantages of ``rewards`` [N] (groups of ``group_size`` consecutive rows): minus the
+    group mean, divided by the group's std (``scale="group"``), by the std of all N
+    rewards (``"batch"``) or by nothing (``"none"``); module docstring."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     grouped = rewards.double().view(-1, group_size)
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
-    return ((grouped - mean) / (std + ADV_EPS)).view(-1).to(torch.float32)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return centred.view(-1).to(torch.float32)
+    if scale == "batch":
+        std = rewards.double().std() if rewards.numel() > 1 else torch.zeros(())
+    elif scale == "group":
+        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros(())
+    else:
+        raise ValueError(f"unknown reward scale {scale!r}")
+    return (centred / (std + ADV_EPS)).view(-1).to(torch.float32)
+
+
+def token_weights(
+    completion_mask: torch.Tensor, loss_type: str = "dapo", max_new_tokens: int | None = None
+) -> torch.Tensor:
+    """w_i [N] float64 of the module docstring: row i's tokens enter the loss as w_i times
+    their sum. The same for every micro-batch split and for the lean step's skipped rows."""
+    lengths = completion_mask.sum(dim=1).double()
+    rows = completion_mask.shape[0]
+    if loss_type in ("dapo", "bnpo"):
+        return torch.full((rows,), 1.0 / max(float(lengths.sum()), 1.0), dtype=torch.float64)
+    if loss_type == "grpo":
+        return 1.0 / (rows * lengths.clamp_min(1.0))
+    if loss_type == "dr_grpo":
+        if not max_new_tokens:
+            raise ValueError("dr_grpo normalises by max_new_tokens: give it")
+        return torch.full((rows,), 1.0 / (rows * max_new_tokens), dtype=torch.float64)
+    raise ValueError(f"unknown loss type {loss_type!r}")
 
 
 def completion_logprobs(
@@ -101,11 +140,14 @@ def per_token_loss(
     clip_eps: float = 0.2,
     beta: float = 0.0,
     ref_logp: torch.Tensor | None = None,
+    clip_high: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Clipped surrogate (+ beta k3 KL) per token: ``[N, T]``, and the KL ``[N, T]`` (or None)."""
+    """Clipped surrogate (+ beta k3 KL) per token: ``[N, T]``, and the KL ``[N, T]`` (or None).
+    The ratio is clipped to [1 - clip_eps, 1 + clip_high] (``clip_high`` default clip_eps)."""
     ratio = torch.exp(logp - logp_old)
     adv = advantages[:, None].to(logp.dtype)
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+    high = clip_eps if clip_high is None else clip_high
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high)
     loss = -torch.min(ratio * adv, clipped * adv)
     kl = None
     if beta != 0.0:
@@ -119,6 +161,14 @@ def per_token_loss(
 
 def masked_token_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask.to(values.dtype)).sum()
+
+
+def weighted_token_sum(
+    values: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """sum_i weights_i * sum_t mask_it values_it (``token_weights``)."""
+    per_row = (values * mask.to(values.dtype)).sum(dim=1)
+    return (per_row * weights.to(per_row.dtype)).sum()
 
 
 @dataclass
@@ -145,8 +195,10 @@ def backbone_backward(
     advantages: torch.Tensor,
     *,
     clip_eps: float = 0.2,
+    clip_high: float | None = None,
     beta: float = 0.0,
     ref_model: nn.Module | None = None,
+    weights: torch.Tensor | None = None,
     micro_batch_size: int | None = None,
     share: slice = slice(None),
     scale: float = 1.0,
@@ -154,12 +206,14 @@ def backbone_backward(
 ) -> BackboneStats:
     """Accumulate grad of the step's GRPO loss into ``.grad``, micro-batch by micro-batch.
 
-    Each micro-batch contributes (its token sum of l_t) / (the step's token count), so the
-    accumulated gradient equals the full-batch gradient exactly (up to float summation).
-    Completions with no generated token (empty mask) contribute nothing.
+    Each micro-batch contributes its rows' token sums of l_t times their normaliser w_i
+    (``weights``, from ``token_weights`` over *all* rows; default ``dapo``: 1 / the step's
+    token count), so the accumulated gradient equals the full-batch gradient exactly (up
+    to float summation). Completions with no generated token (empty mask) contribute
+    nothing; the reported KL is the token mean whatever the weights.
 
     ``share``: the rows this process backpropagates (a sharded run's rank: its 1/W of the
-    completions), normalised by the token count of *all* rows; ``scale`` multiplies what
+    completions), weighted over *all* rows; ``scale`` multiplies what
     is backpropagated (W under FSDP, whose reduce-scatter takes the mean over ranks). The
     returned loss / KL are this share's parts of the step's (unscaled).
 
@@ -173,6 +227,8 @@ def backbone_backward(
     mine = torch.arange(N)[share]
     if total_tokens == 0:
         return BackboneStats(0.0, 0.0, 0, rows=len(mine))
+    if weights is None:
+        weights = token_weights(completion_mask)
     size = micro_batch_size or max(len(mine), 1)
     if plain:
         chunks = [(rows, None) for rows in torch.split(mine, size)]
@@ -199,9 +255,9 @@ def backbone_backward(
             with torch.no_grad():
                 ref = logprobs(ref_model)
         loss_t, kl_t = per_token_loss(
-            logp, logp.detach(), advantages[rows].to(device), clip_eps, beta, ref
+            logp, logp.detach(), advantages[rows].to(device), clip_eps, beta, ref, clip_high
         )
-        loss = masked_token_sum(loss_t, c_mask) / total_tokens
+        loss = weighted_token_sum(loss_t, c_mask, weights[rows].to(device))
         if loss.requires_grad:
             (loss * scale if scale != 1.0 else loss).backward()
         loss_sum += float(loss.detach())

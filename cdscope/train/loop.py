@@ -56,6 +56,7 @@ from cdscope.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from cdscope.train.completions import CompletionLog
 from cdscope.train.engine import (
     Shards,
     checkpoint_blocks,
@@ -67,7 +68,7 @@ from cdscope.train.engine import (
     whole,
 )
 from cdscope.train.evidence import Evidence
-from cdscope.train.grpo import backbone_backward, group_advantages
+from cdscope.train.grpo import backbone_backward, group_advantages, token_weights
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult, save_final_model, score
 from cdscope.train.step import CDRFTStep
 from cdscope.train.tracking import tracking
@@ -152,6 +153,11 @@ def train_hf(
             cfg, inputs.evidence, gm, inputs.tokenizer, inputs.metadata, cd.rows,
             kept_until=start_step if resume else None, write=main,
         )  # fmt: skip
+        completions = (
+            CompletionLog(out_dir, inputs.metadata, start_step if resume else None, main)
+            if cfg.log_completions
+            else None
+        )
         bar = progress.add_task(
             f"train {cfg.regularizer}", total=cfg.steps, completed=start_step, live=""
         )
@@ -162,7 +168,10 @@ def train_hf(
 
             _evidence(evidence, step, status, track)
             audit_b_shared = evidence.audit_b_shared(step)  # at b_shared_before's weights
-            row = _one_step(inputs, cd, optimizer, scheduler, step, status, shards, audit_b_shared)
+            row = _one_step(
+                inputs, cd, optimizer, scheduler, step, status, shards, audit_b_shared,
+                completions,
+            )  # fmt: skip
             log_rows.append(row)
             if main:
                 write_parquet(pd.DataFrame(log_rows), out_dir / LOG_NAME, inputs.metadata)
@@ -183,7 +192,11 @@ def train_hf(
             if on_step is not None:
                 on_step(row)
         if end_step == cfg.steps:
-            _evidence(evidence, end_step, lambda phase: None, track)
+
+            def status_after(phase: str) -> None:
+                progress.phase(bar, f"train {cfg.regularizer} after step {end_step}: {phase}")
+
+            _evidence(evidence, end_step, status_after, track)
     final_dir = None
     if save_final and end_step == cfg.steps:
         record = inputs.training_probe_record()
@@ -227,6 +240,7 @@ def _one_step(
     status: Callable[[str], None],
     shards: Shards,
     audit_b_shared: float = math.nan,
+    completions: CompletionLog | None = None,
 ) -> dict[str, Any]:
     """One optimizer step (0-based ``step``): rollouts, rewards, the GRPO backward, then
     the CD-RFT step around AdamW (``cd``). Returns the step's log row.
@@ -265,16 +279,25 @@ def _one_step(
     status("backbone")
     t = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
+    mask = rollouts.completion_mask
+    if cfg.mask_truncated_completions:  # out of the loss and of every normaliser (grpo.py)
+        mask = mask & ~rollouts.truncated[:, None]
+    advantages = group_advantages(
+        torch.tensor(scores, dtype=torch.float32), cfg.group_size, cfg.scale_rewards
+    )
+    low, high = cfg.clip_bounds
     stats = backbone_backward(
         model,
         rollouts.prompt_ids,
         rollouts.prompt_mask,
         rollouts.completion_ids,
-        rollouts.completion_mask,
-        group_advantages(torch.tensor(scores, dtype=torch.float32), cfg.group_size),
-        clip_eps=cfg.clip_eps,
+        mask,
+        advantages,
+        clip_eps=1.0 - low,
+        clip_high=high - 1.0,
         beta=cfg.beta,
         ref_model=inputs.ref_model,
+        weights=token_weights(mask, cfg.loss_type, cfg.max_new_tokens),
         micro_batch_size=cfg.micro_batch_size,
         share=shards.share(len(rollouts.texts)),
         scale=float(shards.world),
@@ -282,6 +305,8 @@ def _one_step(
         # rank may skip rows the others run: the plain step
         plain=cfg.plain_step or shards.sharded,
     )
+    if completions is not None:
+        completions.add(step + 1, answered, rollouts, scores, advantages)
     loss, kl = shards.total([stats.loss, stats.kl])
     backbone_s = time.perf_counter() - t
     if not math.isfinite(loss):

@@ -73,7 +73,10 @@ def verifier_rewards(
     tasks: Sequence[Task], completions: Sequence[str], timeout: float = 5.0, workers: int = 2
 ) -> list[float]:
     """1.0 for every completion its task's verifier passes, else 0.0 (code: sandboxed)."""
-    verdicts = verify_many(tasks, completions, timeout=timeout, workers=workers)
+    return _rewards(verify_many(tasks, completions, timeout=timeout, workers=workers))
+
+
+def _rewards(verdicts: Sequence[Any]) -> list[float]:
     return [1.0 if v.passed else 0.0 for v in verdicts]
 
 
@@ -81,14 +84,20 @@ def score(
     inputs: TrainInputs, tasks: Sequence[Task], completions: Sequence[str]
 ) -> tuple[list[float], dict[str, float]]:
     """Each completion's reward (``inputs.reward_fn``, else the verifiers) and the step's
-    reward columns: ``reward``, the mean over the completions, and ``reward_<family>``,
-    the mean over that family's completions (NaN when the step drew none), in float64."""
+    reward columns: ``reward``, the mean over the completions, ``reward_<family>``, the
+    mean over that family's completions (NaN when the step drew none), in float64, and
+    ``verifier_errors``: completions whose judging raised (scored 0, ``Verdict.crashed``;
+    a count that should stay 0 -- more says a verifier meets completions it cannot read)."""
+    errors = 0
     if inputs.reward_fn is not None:
         scores = [float(s) for s in inputs.reward_fn(tasks, completions)]
     else:
         cfg = inputs.cfg
-        scores = verifier_rewards(tasks, completions, cfg.verify_timeout, cfg.verify_workers)
-    columns = {"reward": sum(scores) / len(scores)}
+        verdicts = verify_many(
+            tasks, completions, timeout=cfg.verify_timeout, workers=cfg.verify_workers
+        )
+        scores, errors = _rewards(verdicts), sum(bool(v.crashed) for v in verdicts)
+    columns: dict[str, float] = {"reward": sum(scores) / len(scores), "verifier_errors": errors}
     for family in inputs.families:
         picked = [s for t, s in zip(tasks, scores, strict=True) if t.family == family]
         columns[f"reward_{family}"] = sum(picked) / len(picked) if picked else math.nan

@@ -93,6 +93,7 @@ def hf_sample(model, tokenizer, prompts, *, num_samples: int, **kwargs) -> Rollo
         torch.ones_like(prompt_ids, dtype=torch.bool),
         completion_ids,
         completion_mask,
+        torch.zeros(len(ids), dtype=torch.bool),  # every completion ends in its EOS
         list(COMPLETIONS),
         int(completion_mask.sum()),
         0.0,

@@ -70,9 +70,9 @@ def inject(monkeypatch: pytest.MonkeyPatch, backend: str, bug: str) -> None:
     if backend == "hf":
         advantages, token_loss = loop.group_advantages, grpo.per_token_loss
         if bug == "sign":
-            monkeypatch.setattr(loop, "group_advantages", lambda r, g: -advantages(r, g))
+            monkeypatch.setattr(loop, "group_advantages", lambda r, g, *s: -advantages(r, g, *s))
         elif bug == "zero":
-            monkeypatch.setattr(loop, "group_advantages", lambda r, g: 0 * advantages(r, g))
+            monkeypatch.setattr(loop, "group_advantages", lambda r, g, *s: 0 * advantages(r, g, *s))
         else:
 
             def detached(*args, **kwargs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -9,7 +10,12 @@ import pytest
 import torch
 
 from cdscope.commands.train import prepare
-from cdscope.train.grpo import completion_logprobs, per_token_loss
+from cdscope.train.grpo import (
+    completion_logprobs,
+    per_token_loss,
+    token_weights,
+    weighted_token_sum,
+)
 from tests.helpers import (
     byte_tokenizer,
     config,
@@ -48,10 +54,19 @@ def _trainer(inputs, **overrides):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_loss_and_gradient_match_trl(inputs, beta: float) -> None:
-    """TRL's GRPOTrainer._compute_loss (loss_type dapo) vs cdscope on the same tensors."""
+@pytest.mark.parametrize(
+    ("beta", "loss_type", "epsilon_high"),
+    [(0.0, "dapo", None), (0.04, "dapo", None), (0.0, "grpo", None), (0.04, "dr_grpo", 0.28),
+     (0.0, "bnpo", 0.28)],
+)  # fmt: skip
+def test_loss_and_gradient_match_trl(inputs, beta: float, loss_type: str, epsilon_high) -> None:
+    """TRL's GRPOTrainer._compute_loss vs cdscope's token_weights on the same tensors, for
+    every --loss-type (with one update per batch the ratio is 1, so --epsilon-high leaves
+    the value and the gradient as they are, in both)."""
+    cfg = inputs.cfg.replace(loss_type=loss_type, epsilon_high=epsilon_high)
+    inputs = dataclasses.replace(inputs, cfg=cfg)
     trainer = _trainer(inputs)
+    assert (trainer.loss_type, trainer.epsilon_high) == (loss_type, epsilon_high or 0.2)
     trainer.beta = beta  # set after init: TRL would load a reference model from disk
     trainer.current_gradient_accumulation_steps = 1
     trainer.args.steps_per_generation = 1
@@ -81,8 +96,9 @@ def test_loss_and_gradient_match_trl(inputs, beta: float) -> None:
     their_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     logp = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    loss_t, _ = per_token_loss(logp, logp.detach(), advantages, 0.2, beta, ref)
-    ours = (loss_t * completion_mask).sum() / completion_mask.sum()
+    loss_t, _ = per_token_loss(logp, logp.detach(), advantages, 0.2, beta, ref, epsilon_high)
+    weights = token_weights(completion_mask.bool(), loss_type, cfg.max_new_tokens)
+    ours = weighted_token_sum(loss_t, completion_mask, weights)
     ours.backward()
     torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
     for a, b in zip((p.grad for p in model.parameters()), their_grads, strict=True):
@@ -130,6 +146,32 @@ def test_trl_overrides_are_checked(inputs) -> None:
         with pytest.raises(CdscopeError, match="vLLM rollouts need CUDA GPUs") as caught:
             grpo_config(inputs, use_vllm=True, vllm_mode="colocate")
         assert "\n" not in str(caught.value)
+
+
+def test_the_grpo_options_reach_trl_and_are_not_set_twice(inputs) -> None:
+    """--loss-type & co. are cdscope options passed to GRPOConfig; --trl-arg cannot set them
+    behind the validation's back, and Liger's loss is refused under CD-RFT (issue 40 item 7)."""
+    from cdscope.errors import CdscopeError
+
+    cfg = inputs.cfg.replace(
+        loss_type="dr_grpo", scale_rewards="none", clip_eps=0.1, epsilon_high=0.3,
+        num_iterations=2, mask_truncated_completions=True, log_completions=True, backend="trl",
+    )  # fmt: skip
+    cfg.validate()
+    got = grpo_config(dataclasses.replace(inputs, cfg=cfg))
+    assert (got.loss_type, got.scale_rewards, got.epsilon, got.epsilon_high) == (
+        "dr_grpo", "none", 0.1, 0.3,
+    )  # fmt: skip
+    assert (got.num_iterations, got.mask_truncated_completions, got.log_completions) == (2, 1, 1)
+    for key, flag in (("loss_type", "--loss-type"), ("epsilon_high", "--epsilon-high"),
+                      ("beta", "--beta"), ("num_iterations", "--num-iterations")):  # fmt: skip
+        with pytest.raises(CdscopeError, match=f"set it with {flag}"):
+            grpo_config(inputs, **{key: "x"})
+    with pytest.raises(CdscopeError, match="use_liger_kernel=true with --regularizer cdrft") as e:
+        grpo_config(inputs, use_liger_kernel="true")
+    assert "\n" not in str(e.value)
+    plain = dataclasses.replace(inputs, cfg=inputs.cfg.replace(regularizer="none"))
+    assert grpo_config(plain, use_liger_kernel=False).use_liger_kernel is False
 
 
 def test_activation_checkpointing_through_trl_takes_the_same_step(tmp_path: Path) -> None:

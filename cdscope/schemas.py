@@ -77,6 +77,7 @@ COLUMNS: dict[str, pa.DataType] = {
     # train: eval.parquet and audit.parquet (held-out evidence, train/evidence.py)
     "trained": BOOL, "samples": INT, "b_shared": FLOAT, "b_dir": FLOAT, "b_norm": FLOAT,
     "b_shared_unbiased": FLOAT, "gram_negative_mass": FLOAT, "families": STRING,
+    "correct": INT,  # eval_problems.parquet: samples of a problem that passed
     # train: completions.parquet (--log-completions, train/completions.py)
     "truncated": BOOL, "advantage": FLOAT,
 }  # fmt: skip

@@ -58,6 +58,9 @@ from cdscope.train.cdrft import measure_probe
 from cdscope.train.engine import gathered
 
 EVAL_NAME = "eval.parquet"
+#: per held-out problem and state: its samples and how many passed (paired comparisons of
+#: two states over the same problems, e.g. a t-interval of the per-problem pass@1 change)
+EVAL_PROBLEMS_NAME = "eval_problems.parquet"
 AUDIT_NAME = "audit.parquet"
 #: contamination counts that flag a held-out item as seen in training
 FLAGS = ("exact", "normalised", "jaccard>=0.8", "same_asserts")
@@ -213,9 +216,14 @@ class Evidence:
         self.metadata, self.rows, self.write = metadata, rows_per_forward, write
         self.out = Path(cfg.out_dir)
         self.eval_rows = rows_up_to(self.out / EVAL_NAME, kept_until)
+        self.eval_problem_rows = rows_up_to(self.out / EVAL_PROBLEMS_NAME, kept_until)
         self.audit_rows = rows_up_to(self.out / AUDIT_NAME, kept_until)
         if kept_until is not None:  # a resume: the files lose the states it takes again
-            for name, rows in ((EVAL_NAME, self.eval_rows), (AUDIT_NAME, self.audit_rows)):
+            for name, rows in (
+                (EVAL_NAME, self.eval_rows),
+                (EVAL_PROBLEMS_NAME, self.eval_problem_rows),
+                (AUDIT_NAME, self.audit_rows),
+            ):
                 if (self.out / name).is_file():
                     self._write(name, rows)
         self.batches: list[ProbeBatch] = []
@@ -236,9 +244,13 @@ class Evidence:
         cfg = self.cfg
         if due(step, cfg.eval_every, cfg.steps) and not self._has(self.eval_rows, step):
             status("held-out pass@k")
-            frame = self._eval(step)
+            frame, problems = self._eval(step)
             self.eval_rows = pd.concat([self.eval_rows, frame], ignore_index=True)
+            self.eval_problem_rows = pd.concat(
+                [self.eval_problem_rows, problems], ignore_index=True
+            )
             self._write(EVAL_NAME, self.eval_rows)
+            self._write(EVAL_PROBLEMS_NAME, self.eval_problem_rows)
             for row in frame[frame["level"] != "benchmark"].itertuples():
                 fields[f"eval/pass@{row.k}/{row.family}"] = float(row.pass_at_k)
         if due(step, cfg.audit_every, cfg.steps) and not self._has(self.audit_rows, step):
@@ -261,8 +273,9 @@ class Evidence:
         at = self.audit_rows[self.audit_rows["step"] == step]
         return float(at["b_shared"].mean()) if not at.empty else math.nan
 
-    def _eval(self, step: int) -> pd.DataFrame:
-        """pass@k per benchmark, family and overall of the model as it is now."""
+    def _eval(self, step: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """pass@k per benchmark, family and overall of the model as it is now, and per
+        problem its sample count and passes (``EVAL_PROBLEMS_NAME``)."""
         began = time.perf_counter()
         settings = self.plan.eval_settings
         assert settings is not None
@@ -274,6 +287,13 @@ class Evidence:
             samples = sample_problems("policy", engine, self.plan.eval_chosen, settings)[0]
         table = summarize(samples, settings.ks)
         trained = set(self.metadata.get("training_families", []))
+        per_problem = (
+            samples.groupby(["benchmark", "domain", "problem_id"], sort=False)["passed"]
+            .agg(samples="size", correct="sum")
+            .reset_index()
+            .rename(columns={"domain": "family"})
+        )
+        per_problem.insert(0, "step", step)
         return pd.DataFrame(
             {
                 "step": step,
@@ -291,7 +311,7 @@ class Evidence:
                 "samples": settings.n,
                 "seconds": time.perf_counter() - began,
             }
-        )
+        ), per_problem
 
     def _audit(self, step: int) -> pd.DataFrame:
         """B_shared, B_dir, B_norm and R of C on every audit seed, at the current weights."""
@@ -328,5 +348,6 @@ class Evidence:
         """The rows so far (None for evidence this run does not take)."""
         return {
             "eval": self.eval_rows if self.cfg.eval_every is not None else None,
+            "eval_problems": self.eval_problem_rows if self.cfg.eval_every is not None else None,
             "audit": self.audit_rows if self.cfg.audit_every is not None else None,
         }

@@ -44,6 +44,7 @@ class TrainResult:
     #: ``OUT/eval.parquet`` / ``OUT/audit.parquet`` rows (None: not measured; docs/train.md)
     eval: pd.DataFrame | None = None
     audit: pd.DataFrame | None = None
+    eval_problems: pd.DataFrame | None = None  # ``OUT/eval_problems.parquet``
 
 
 @dataclass

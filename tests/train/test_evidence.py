@@ -18,7 +18,7 @@ from cdscope.core.probes import TRAINING_PROBE_FILE, read_training_probe
 from cdscope.errors import CdscopeError
 from cdscope.io import read_parquet
 from cdscope.tasks import Verdict
-from cdscope.train.evidence import AUDIT_NAME, EVAL_NAME, due, heldout_paths
+from cdscope.train.evidence import AUDIT_NAME, EVAL_NAME, EVAL_PROBLEMS_NAME, due, heldout_paths
 from tests.helpers import (
     TIMING_COLUMNS,
     byte_tokenizer,
@@ -109,6 +109,14 @@ def test_in_training_evidence_equals_the_commands_on_the_saved_model(
                     "--out", tmp_path / "e")  # fmt: skip
     assert result.exit_code == 0, result.output
     passk = pd.read_parquet(tmp_path / "e" / "passk.parquet")
+    # per problem: the same samples, so the same passes (paired comparisons use these)
+    problems = read_parquet(out / EVAL_PROBLEMS_NAME)[0]
+    samples = pd.read_parquet(tmp_path / "e" / "samples.parquet")
+    theirs = samples.groupby("problem_id")["passed"].agg(["size", "sum"])
+    ours = problems[problems["step"] == 3].set_index("problem_id")
+    assert sorted(ours.index) == sorted(theirs.index) and set(problems["step"]) == {0, 2, 3}
+    assert (ours["samples"] == theirs["size"].reindex(ours.index)).all()
+    assert (ours["correct"] == theirs["sum"].reindex(ours.index)).all()
     last = evals[evals["step"] == 3]
     for level, family in (("domain", "math"), ("overall", "")):
         theirs = passk[(passk["level"] == level) & (passk["domain"] == family)]
@@ -151,9 +159,9 @@ def test_resume_keeps_each_state_once(files, tmp_path, odd_verifier) -> None:
     straight, _ = run(evidence_config(files, tmp_path / "a"))
     run(evidence_config(files, tmp_path / "b"), stop_after=2)
     resumed, _ = run(evidence_config(files, tmp_path / "b"), resume=True)
-    for name in (EVAL_NAME, AUDIT_NAME):
-        a = read_parquet(tmp_path / "a" / name)[0].drop(columns="seconds")
-        b = read_parquet(tmp_path / "b" / name)[0].drop(columns="seconds")
+    for name in (EVAL_NAME, AUDIT_NAME, EVAL_PROBLEMS_NAME):
+        a = read_parquet(tmp_path / "a" / name)[0].drop(columns="seconds", errors="ignore")
+        b = read_parquet(tmp_path / "b" / name)[0].drop(columns="seconds", errors="ignore")
         pd.testing.assert_frame_equal(a, b, check_exact=True)
     pd.testing.assert_frame_equal(
         straight.log.drop(columns=TIMING_COLUMNS),

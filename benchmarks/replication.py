@@ -230,13 +230,14 @@ def prune_checkpoints(run: Path) -> None:
             shutil.rmtree(child)
 
 
-def common_train(args: argparse.Namespace) -> list[str]:
-    """The training settings every run shares (claim 1's arms and the learn run)."""
+def common_train(args: argparse.Namespace, save_every: int) -> list[str]:
+    """The training settings every run shares (claim 1's arms and the learn run);
+    ``save_every``: each checkpoint holds ~1.5 GB (weights + AdamW) and a run keeps them all."""
     return [
         "--model", args.model, "--prompts-per-step", str(args.prompts_per_step),
         "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
         "--temperature", str(args.temperature), "--lr", str(args.lr),
-        "--probe-n", str(args.probe_n), "--probe-split", "train", "--save-every", "1",
+        "--probe-n", str(args.probe_n), "--probe-split", "train", "--save-every", str(save_every),
         "--device", "cpu", *[x for path in curriculum("train") for x in ("--tasks", path)],
     ]  # fmt: skip
 
@@ -302,7 +303,7 @@ def train_one(args: argparse.Namespace, runner: Runner, arm: str, seed: int) -> 
         resume = (run / "checkpoints" / "latest").is_file()
         prune_checkpoints(run)
         argv = ["train", "--out-dir", str(run), "--seed", str(seed), "--steps", str(args.steps),
-                "--regularizer", dict(ARMS)[arm], *common_train(args)]  # fmt: skip
+                "--regularizer", dict(ARMS)[arm], *common_train(args, 1)]  # fmt: skip
         if arm == "cdrft":
             argv += ["--lambda", str(args.lam), "--tau", f"{tau_of(args, seed):.4f}"]
             argv += ["--k-max", str(args.k_max)]
@@ -327,14 +328,13 @@ def base_audit(args: argparse.Namespace, runner: Runner) -> bool:
 
 
 def units(args: argparse.Namespace, runner: Runner) -> list:
-    """The base audit, the learn run (it takes longest: started early, beside the others)
+    """The learn run (it takes longest: started first, beside the others), the base audit
     and both arms of every seed, seed by seed (a budget stop leaves whole pairs first)."""
     todo = []
-    if "train" in args.phases:
-        todo.append(lambda: base_audit(args, runner))
     if "learn" in args.phases:
         todo.append(lambda: learn(args, runner))
     if "train" in args.phases:
+        todo.append(lambda: base_audit(args, runner))
         todo += [
             (lambda a=arm, s=seed: train_one(args, runner, a, s))
             for seed in args.seeds for arm, _ in ARMS
@@ -362,7 +362,7 @@ def learn(args: argparse.Namespace, runner: Runner) -> bool:
         resume = (run / "checkpoints" / "latest").is_file()
         prune_checkpoints(run)
         argv = ["train", "--out-dir", str(run), "--seed", str(LEARN_SEED), "--regularizer",
-                "none", "--steps", str(args.learn_steps), *common_train(args)]  # fmt: skip
+                "none", "--steps", str(args.learn_steps), *common_train(args, 10)]  # fmt: skip
         argv += ["--eval-every", str(args.learn_every), "--eval-n", str(args.eval_n)]
         argv += ["--eval-k", args.eval_k, "--eval-max-new-tokens", str(args.eval_max_new_tokens)]
         argv += [x for path in curriculum("eval") for x in ("--eval-tasks", path)]
@@ -377,12 +377,26 @@ def learn(args: argparse.Namespace, runner: Runner) -> bool:
     return True
 
 
+def code_version() -> str:
+    """The commit the units of this call run (a run spans sessions; the code may move)."""
+    here = Path(__file__).resolve().parents[1]  # the repository
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "cdscope"],
+                               capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + (" (cdscope/ modified)" if dirty.stdout.strip() else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed run stops its child
     check_plan(args)
     with open(args.ledger / "commands.txt", "a", encoding="utf-8") as handle:  # for the report
-        handle.write(" ".join(["python benchmarks/replication.py", *(argv or sys.argv[1:])]) + "\n")
+        line = " ".join(["python benchmarks/replication.py", *(argv or sys.argv[1:])])
+        handle.write(f"{line}  # code {code_version()}\n")
     runner = Runner(args.ledger, args.hours)
     if "calibrate" in args.phases and not calibrate(args, runner):
         print("[replication] stopped in calibrate (budget); run again to continue", flush=True)

@@ -1,6 +1,6 @@
 """Replication v2 of the paper's training claims on the embedded model (issue 36).
 
-Pre-registered in docs/replication.md before any run; this script runs the design and
+Pre-registered in docs/replication/preregistration.md before any run; this script runs the design and
 (replication_report.py) writes the tables, figures and verdicts under it.
 
 Phases, each a ``cdscope`` command run as a user would run it:
@@ -59,7 +59,7 @@ FAMILIES = ("math", "code", "logic")
 #: options that do not define the runs (may change between invocations)
 FREE = ("hours", "phases", "doc", "out", "jobs", "ledger")
 #: the small outputs a finished unit keeps (copied to and restored from the ledger)
-KEPT = ("log.parquet", "eval.parquet", "audit.parquet", "decompose.parquet",
+KEPT = ("log.parquet", "eval.parquet", "eval_problems.parquet", "audit.parquet", "decompose.parquet",
         "decompose.probe.parquet", "bshared.parquet", "calibration.json")  # fmt: skip
 LEARN_SEED = 100  # the learn run's seed: no claim-1 run shares its data order
 

@@ -84,6 +84,7 @@ def learn_figure(ledger: Ledger, path: Path) -> Path | None:
             rows = rows.sort_values("step")
             axes[0].plot(rows["step"], 100 * rows["pass_at_k"], "o-", label=f"pass@{k}")
         axes[0].legend(fontsize=8)
+    axes[0].set_ylim(0, 100)
     axes[0].set(xlabel="optimizer steps done", ylabel="pass@k on curriculum/eval (%)",
                 title="held-out pass@k (overall)")  # fmt: skip
     if learn.audit is not None:

@@ -291,3 +291,24 @@ def training_curve(log: pd.DataFrame) -> pd.DataFrame:
     start = pd.DataFrame({"step": [0], "b_shared": [first["b_shared_before"]]})
     after = log[["step", "b_shared_after"]].rename(columns={"b_shared_after": "b_shared"})
     return pd.concat([start, after], ignore_index=True).sort_values("step")
+
+
+def idle_steps(logs: list[pd.DataFrame]) -> tuple[int, int]:
+    """(steps with nothing to learn, steps) over ``logs``: ``skipped_fraction`` 1 means every
+    completion's gradient was exactly 0 (each group's rewards equal; docs/train.md)."""
+    logs = [log for log in logs if log is not None and "skipped_fraction" in log]
+    idle = sum(int((log["skipped_fraction"] >= 1.0).sum()) for log in logs)
+    return idle, sum(len(log) for log in logs)
+
+
+def probe_fit(ledger: Ledger, seeds: list[int]) -> float | None:
+    """Mean over finished seeds of CD-RFT_s - GRPO_s on the training probe after the last
+    step (pp); None when no seed has both logs."""
+    diffs = []
+    for seed in seeds:
+        units = [ledger.unit(f"{a}-s{seed}") for a in ARMS]
+        logs = [None if u is None else u.log for u in units]
+        if all(log is not None for log in logs):
+            last = [training_curve(log)["b_shared"].iloc[-1] for log in logs]
+            diffs.append(100 * (last[1] - last[0]))
+    return float(np.mean(diffs)) if diffs else None

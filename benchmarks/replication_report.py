@@ -14,7 +14,6 @@ import math
 from argparse import Namespace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from replication_figures import figures
 from replication_ledger import (
@@ -28,10 +27,12 @@ from replication_ledger import (
     STEP_PHASES,
     Ledger,
     against_base,
+    idle_steps,
     interval,
     jobs_of,
     pairs,
     parts,
+    probe_fit,
     read_ledger,
     seeds_text,
     training_curve,
@@ -307,6 +308,15 @@ def claim2_section(ledger: Ledger) -> tuple[list[str], dict]:
                   "changes above carry no interval.", ""]  # fmt: skip
     if learn.audit is not None and not learn.audit.empty:
         lines += audit_table(learn.audit, facts)
+        base = ledger.unit("base")
+        first = learn.audit[learn.audit["step"] == 0]
+        if base is not None and not base.values("B_shared_C").empty and not first.empty:
+            lines += [
+                "A check: at step 0 the learn run holds the base weights, and its audit draws "
+                f"are the decompose audit's, so its B_shared there ({100 * first['b_shared'].mean():.2f} %) "
+                f"should equal the base audit's ({100 * base.values('B_shared_C').mean():.2f} %).",
+                "",
+            ]
     if learn.log is not None and not learn.log.empty:
         log = learn.log.sort_values("step")
         span = max(1, min(10, len(log) // 4))
@@ -376,6 +386,17 @@ def closing_section(
                          "speaks for the model.")  # fmt: skip
     else:
         lines.append("- Claim 1: no training seed has both arms audited yet; nothing is shown.")
+    runs = [u.log for n, u in ledger.units.items() if n.split("-s")[0] in ARMS]
+    for name, logs in (
+        ("claim-1", runs),
+        ("learn-run", [getattr(ledger.unit("learn"), "log", None)]),
+    ):
+        idle, steps = idle_steps(logs)
+        if idle:
+            lines.append(
+                f"- {idle} of {steps} {name} steps had nothing to learn (`skipped_fraction` 1: "
+                "every group's rewards were equal, so the policy gradient was 0)."
+            )
     if "pass1" in facts:
         s0, s1, p0, p1 = facts["pass1"]
         lines.append(f"- Claim 2: held-out pass@1 {p0:.1f} % at step {s0} and {p1:.1f} % at "
@@ -392,18 +413,6 @@ def closing_section(
                  "within this design is read against the paper's effect, not the levels. "
                  "The paper's effects come from 7B models trained far longer.")  # fmt: skip
     return [*lines, ""]
-
-
-def probe_fit(ledger: Ledger, seeds: list[int]) -> float | None:
-    """Mean over finished seeds of CD-RFT_s - GRPO_s on the training probe after the last
-    step (pp); None when no seed has both logs."""
-    diffs = []
-    for seed in finished_seeds(ledger, seeds):
-        logs = [ledger.unit(f"{a}-s{seed}").log for a in ARMS]
-        if all(log is not None for log in logs):
-            last = [training_curve(log)["b_shared"].iloc[-1] for log in logs]
-            diffs.append(100 * (last[1] - last[0]))
-    return float(np.mean(diffs)) if diffs else None
 
 
 def write_report(args: Namespace) -> Path:

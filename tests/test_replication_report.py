@@ -78,6 +78,7 @@ def _log(folder: Path, tau: float | None, start: float, steps: int = 5) -> None:
         "step": step, "reward": 0.1 + 0.05 * step, "b_shared_before": np.r_[start, after[:-1]],
         "b_shared_after_update": after + 0.01, "b_shared_after": after,
         "proj_iters": np.where(step <= 2, 2, 0) if tau else 0,
+        "skipped_fraction": np.where(step == 1, 1.0, 0.25),  # step 1: nothing to learn
         **{c: float(i + 1) for i, c in enumerate(report.STEP_PHASES)},
     })  # fmt: skip
     config = {"seed": 0} | ({"tau": tau} if tau else {})
@@ -276,6 +277,9 @@ def test_timings_calibration_claim2_and_figures(full: tuple[Path, str]) -> None:
     assert "| math/b | 25.0 | 30.0 | 40.0 | +15.0 |" in text
     assert "| 4 | 56.35 ± 0.09 | 50.00 ± 0.00 | 55.00 ± 0.00 | -4.00 ± 0.00 |" in text
     assert "cannot be computed from the ledger" in text
+    assert "B_shared there (60.35 %) should equal the base audit's (60.00 %)" in text
+    assert "- 12 of 60 claim-1 steps had nothing to learn" in text
+    assert "- 1 of 4 learn-run steps had nothing to learn" in text
     for name in ("delta", "learn", "probe"):
         assert (folder / "doc" / "img" / f"replication-{name}.png").stat().st_size > 10_000
         assert f"(img/replication-{name}.png)" in text

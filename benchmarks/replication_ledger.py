@@ -147,6 +147,8 @@ def read_unit(folder: Path) -> Unit:
             setattr(unit, name, parquet(folder / f"{name}.parquet")[0])
     if (folder / "log.parquet").is_file():
         unit.log, unit.log_meta = parquet(folder / "log.parquet")
+        if unit.log.empty:
+            raise fail(f"{folder}/log.parquet logs no step, yet the unit is marked DONE")
     if (folder / "decompose.probe.parquet").is_file():
         unit.probe_meta = parquet(folder / "decompose.probe.parquet")[1]
     return unit
@@ -312,3 +314,15 @@ def probe_fit(ledger: Ledger, seeds: list[int]) -> float | None:
             last = [training_curve(log)["b_shared"].iloc[-1] for log in logs]
             diffs.append(100 * (last[1] - last[0]))
     return float(np.mean(diffs)) if diffs else None
+
+
+def projection_changes(ledger: Ledger, seeds: list[int]) -> np.ndarray:
+    """Training-probe B_shared after the projection minus after the update (pp), for every
+    CD-RFT step whose projection ran at least one iteration."""
+    changes = []
+    for seed in seeds:
+        unit = ledger.unit(f"cdrft-s{seed}")
+        if unit is not None and unit.log is not None:
+            acted = unit.log[unit.log["proj_iters"] > 0]
+            changes += list(100 * (acted["b_shared_after"] - acted["b_shared_after_update"]))
+    return np.array(changes, dtype=float)

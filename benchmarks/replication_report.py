@@ -33,6 +33,7 @@ from replication_ledger import (
     pairs,
     parts,
     probe_fit,
+    projection_changes,
     read_ledger,
     seeds_text,
     training_curve,
@@ -160,6 +161,15 @@ def calibration_section(ledger: Ledger, seeds: list[int]) -> list[str]:
     lines += table(["seed", "base B_shared, training probe", "tau_s", "GRPO: first → last",
                     "CD-RFT: first → last", "CD-RFT steps above tau_s after the update",
                     "projection iterations"], rows)  # fmt: skip
+    moved = projection_changes(ledger, seeds)
+    if moved.size:
+        lines += [
+            f"Where the projection ran ({moved.size} CD-RFT steps), it changed the training "
+            f"probe's B_shared from its value after the update by {fmt(moved.mean())} pp on "
+            f"average (range {fmt(moved.min())} to {fmt(moved.max())}); it rose in "
+            f"{int((moved > 0).sum())} of them.",
+            "",
+        ]
     shared = {n: sum(len(v) for v in u.probe_meta.get("training_probe_overlap", {}).values())
               for n, u in ledger.units.items() if u.probe_meta}  # fmt: skip
     if shared:

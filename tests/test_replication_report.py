@@ -273,6 +273,9 @@ def test_timings_calibration_claim2_and_figures(full: tuple[Path, str]) -> None:
     # seed 2: calibration 65, tau 55; training probe 65 -> 55 over 5 steps; every step's
     # after-update value (64, 62, ..., 56) is above tau; 2 iterations in steps 1 and 2
     assert "| s2 | 65.00 | 55.00 | 65.00 → 55.00 | 65.00 → 55.00 | 5 of 5 | 4 |" in text
+    # after the update = after + 1 pp: each of the 12 acting steps lowered it by 1 pp
+    assert "(12 CD-RFT steps), it changed the training probe's B_shared" in text
+    assert "by -1.00 pp on average (range -1.00 to -1.00); it rose in 0 of them." in text
     assert "| 4 | 40.0 (+15.0) | 50.0 (+15.0) | 12 |" in text
     assert "| math/b | 25.0 | 30.0 | 40.0 | +15.0 |" in text
     assert "| 4 | 56.35 ± 0.09 | 50.00 ± 0.00 | 55.00 ± 0.00 | -4.00 ± 0.00 |" in text
@@ -297,6 +300,12 @@ def test_a_corrupt_or_ambiguous_ledger_is_refused_in_one_line(tmp_path: Path) ->
     write_parquet(frame, ledger / "runs/grpo-s0/decompose.parquet", {})
     with pytest.raises(SystemExit, match="holds several models"):
         report.pairs(report.read_ledger(ledger), "B_shared_C", SEEDS)
+    log = pd.read_parquet(ledger / "runs/grpo-s2/log.parquet").iloc[:0]
+    write_parquet(log, ledger / "runs/grpo-s2/log.parquet", {})
+    with pytest.raises(SystemExit, match="logs no step, yet the unit is marked DONE"):
+        report.read_ledger(ledger)
+    (ledger / "runs/grpo-s2/DONE").unlink()  # unfinished: not read at all
+    assert report.read_ledger(ledger).unit("grpo-s2") is None
     (ledger / "runs/grpo-s1/decompose.parquet").write_bytes(b"not parquet")
     with pytest.raises(SystemExit, match="not a readable Parquet file"):
         report.read_ledger(ledger)

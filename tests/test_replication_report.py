@@ -1,0 +1,311 @@
+"""benchmarks/replication_report.py on synthetic ledgers in the real file formats.
+
+Each ledger is built so that the numbers the report must print are known: the audits'
+per-probe-seed values are chosen so that Delta_s is exactly the stated delta and its
+paper-style SE is a known constant, and the expected interval is computed here with
+scipy.stats (the report uses cdscope.analysis.stats).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from unittest.mock import patch
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from cdscope.analysis.stats import seeds_needed_interval
+from cdscope.io import write_parquet
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS, PROBES = list(range(6)), list(range(8))
+#: per-probe-seed offsets of CD-RFT - GRPO that sum to 0: Delta_s is exact, and its SE over
+#: the 8 probe seeds is 0.004 * sqrt(8 / 7) / sqrt(8) = 0.004 / sqrt(7)
+WIGGLE = 0.004 * np.array([1, -1] * 4)
+PROBE_SE_PP = 100 * 0.004 / math.sqrt(7)
+
+
+def _load(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+replication = _load("replication")
+report = _load("replication_report")
+
+
+def _audit(path: Path, model: str, values: dict[str, np.ndarray]) -> None:
+    rows = [
+        {"model": model, "seed": p, "measure": m, "family": None, "family_b": None,
+         "value_unit": "fraction", "value": float(v[p]), "boot_low": float(v[p]) - 0.1,
+         "boot_high": float(v[p]) + 0.1}
+        for m, v in values.items() for p in PROBES
+    ]  # fmt: skip
+    write_parquet(pd.DataFrame(rows), path, {"command": "synthetic"})
+
+
+def _unit(folder: Path, model: str, shared: np.ndarray, done: bool = True) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = {"B_shared_C": shared, "B_dir": shared - 0.1, "B_norm": shared - 0.05}
+    _audit(folder / "decompose.parquet", model, plain)
+    mass = np.where(np.arange(8) == 0, 0.08, 0.01)  # one probe seed above the 5 % warning
+    corrected = {"B_shared_C": shared, "B_shared_C_unbiased": shared + 0.25,
+                 "gram_negative_mass": mass}  # fmt: skip
+    _audit(folder / "bshared.parquet", model, corrected)
+    write_parquet(pd.DataFrame({"model": [model]}), folder / "decompose.probe.parquet",
+                  {"training_probe_overlap": {}})  # fmt: skip
+    if done:
+        (folder / "DONE").write_text("2026-11-28T00:00:00\n")
+
+
+def _log(folder: Path, tau: float | None, start: float, steps: int = 5) -> None:
+    step = np.arange(1, steps + 1)
+    after = start - 0.02 * step
+    frame = pd.DataFrame({
+        "step": step, "reward": 0.1 + 0.05 * step, "b_shared_before": np.r_[start, after[:-1]],
+        "b_shared_after_update": after + 0.01, "b_shared_after": after,
+        "proj_iters": np.where(step <= 2, 2, 0) if tau else 0,
+        "skipped_fraction": np.where(step == 1, 1.0, 0.25),  # step 1: nothing to learn
+        **{c: float(i + 1) for i, c in enumerate(report.STEP_PHASES)},
+    })  # fmt: skip
+    config = {"seed": 0} | ({"tau": tau} if tau else {})
+    write_parquet(frame, folder / "log.parquet", {"config": config})
+
+
+def build(root: Path, deltas_pp: list[float], finished: int = 6, learn: bool = True) -> Path:
+    """A ledger of the full design (seeds 0..5, 8 audit draws) with Delta_s = deltas_pp;
+    seeds from ``finished`` on have GRPO done, CD-RFT still running (no DONE)."""
+    ledger = root / "ledger"
+    ledger.mkdir(parents=True)
+    (ledger / "plan.json").write_text(json.dumps({"seeds": SEEDS, "steps": 5}))
+    call = "python benchmarks/replication.py --hours 2 --jobs 2 --doc docs/replication.md"
+    (ledger / "commands.txt").write_text(f"{call}\n{call}\n{call} --phases report\n")
+    records = [{"phase": "calibrate", "name": "base", "status": "done", "cmd": [],
+                "seconds": 60.0, "at": 1000.0},
+               {"phase": "train", "name": "grpo-s0", "status": "stopped by --hours", "cmd": [],
+                "seconds": 120.0, "at": 1200.0},
+               {"phase": "train", "name": "grpo-s0", "status": "done", "cmd": [],
+                "seconds": 180.0, "at": 2000.0},
+               {"phase": "train", "name": "cdrft-s0", "status": "done", "cmd": [],
+                "seconds": 240.0, "at": 2060.0}]  # fmt: skip
+    (ledger / "timings.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (ledger / "calibration").mkdir()
+    table = {str(s): {"b_shared": 63.0 + s, "tau": 53.0 + s} for s in SEEDS}
+    (ledger / "calibration" / "calibration.json").write_text(json.dumps(table))
+    (ledger / "calibration" / "DONE").write_text("x\n")
+    base = 0.60 + 0.01 * (np.array(PROBES) - 3.5)
+    _unit(ledger / "runs" / "base", "smollm2-135m", base)
+    for s, delta in zip(SEEDS, deltas_pp, strict=True):
+        grpo = base - 0.01 + 0.002 * s
+        _unit(ledger / "runs" / f"grpo-s{s}", "grpo", grpo)
+        _log(ledger / "runs" / f"grpo-s{s}", None, 0.63 + 0.01 * s)
+        cdrft = grpo + delta / 100 + WIGGLE
+        _unit(ledger / "runs" / f"cdrft-s{s}", "cdrft", cdrft, done=s < finished)
+        _log(ledger / "runs" / f"cdrft-s{s}", 53.0 + s, 0.63 + 0.01 * s)
+    if learn:
+        folder = ledger / "learn"
+        folder.mkdir()
+        _log(folder, None, 0.6, steps=4)
+        rows = []
+        for step, p1 in ((0, 0.25), (2, 0.30), (4, 0.40)):
+            for k, value in ((1, p1), (2, p1 + 0.1)):
+                rows.append(
+                    {
+                        "step": step,
+                        "level": "overall",
+                        "family": "all",
+                        "benchmark": "",
+                        "k": k,
+                        "pass_at_k": value,
+                        "problems": 12,
+                    }
+                )
+                for fam in ("math", "logic"):
+                    rows.append(
+                        {
+                            "step": step,
+                            "level": "family",
+                            "family": fam,
+                            "benchmark": "",
+                            "k": k,
+                            "pass_at_k": value,
+                            "problems": 6,
+                        }
+                    )
+                    rows.append({"step": step, "level": "benchmark", "family": fam,
+                                 "benchmark": f"{fam}/b", "k": k, "pass_at_k": value,
+                                 "problems": 6})  # fmt: skip
+        write_parquet(pd.DataFrame(rows), folder / "eval.parquet", {})
+        audit = [{"step": step, "seed": p, "b_shared": 0.6 - 0.01 * step + 0.001 * p,
+                  "b_dir": 0.5, "b_norm": 0.55, "b_shared_unbiased": 0.9,
+                  "gram_negative_mass": 0.02} for step in (0, 2, 4) for p in PROBES]  # fmt: skip
+        write_parquet(pd.DataFrame(audit), folder / "audit.parquet", {})
+        (folder / "DONE").write_text("x\n")
+    return ledger
+
+
+def render(tmp_path: Path, deltas_pp: list[float], drawn: bool = False, **kwargs) -> str:
+    """The report of ``build``'s ledger; its figures only when ``drawn`` (a second each:
+    one test checks them)."""
+    ledger = build(tmp_path, deltas_pp, **kwargs)
+    doc = tmp_path / "doc" / "replication.md"
+    args = replication.parse(["--out", str(tmp_path / "out"), "--ledger", str(ledger),
+                              "--doc", str(doc), "--phases", "report"])  # fmt: skip
+    with patch.object(report, "figures", report.figures if drawn else lambda *_: []):
+        assert report.write_report(args) == doc
+    return doc.read_text()
+
+
+def tables(text: str) -> list[list[str]]:
+    """The markdown's tables, each as its lines, with the heading above it first."""
+    found, heading, current = [], "", []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+            continue
+        if current:
+            found.append([heading, *current])
+            current = []
+        if line.startswith("#") or (line and not line.startswith("!")):
+            heading = line
+    return found
+
+
+def expected_interval(deltas_pp: list[float]) -> tuple[float, float, float, float]:
+    d = np.asarray(deltas_pp)
+    half = stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+    return d.mean(), d.std(ddof=1), d.mean() - half, d.mean() + half
+
+
+REPRODUCED = [-6.5, -5.5, -6.0, -6.2, -5.8, -6.0]
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The finished design with deltas of -6 +- 0.5 pp, rendered once with its figures."""
+    folder = tmp_path_factory.mktemp("full")
+    return folder, render(folder, REPRODUCED, drawn=True)
+
+
+@pytest.mark.parametrize(
+    ("deltas", "word"),
+    [(REPRODUCED, "reproduced"),
+     ([-3.0, 2.0, -1.0, 1.5, -2.0, 0.5], "inconclusive"),
+     ([5.0, 6.0, 7.0, 5.5, 6.5, 6.0], "contradicted")],
+)  # fmt: skip
+def test_the_primary_row_holds_the_paired_t_interval_and_the_preregistered_verdict(
+    tmp_path: Path, full: tuple[Path, str], deltas: list[float], word: str
+) -> None:
+    text = full[1] if deltas is REPRODUCED else render(tmp_path, deltas)
+    mean, sd, lo, hi = expected_interval(deltas)
+    low, high = seeds_needed_interval(0.055, sd / 100, 6)
+    row = next(r for r in text.splitlines() if r.startswith("| B_shared_C | CD-RFT − GRPO"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:6] == ["6", f"{mean:+.2f}", f"{sd:.2f}", f"[{lo:+.2f}, {hi:+.2f}]"]
+    assert cells[6].endswith(f"[{low:.0f}, {high:.0f}]")
+    assert cells[7] == word
+    assert f"**{word}**" in text  # the closing section says the same
+    for s, delta in enumerate(deltas):  # per seed: Delta_s and the paper-style mean +- SE
+        assert f"| s{s} |" in text
+        assert f"| {delta:+.2f} | {delta:+.2f} ± {PROBE_SE_PP:.2f} | 8 |" in text
+
+
+def test_the_preregistration_is_copied_verbatim_and_first(full: tuple[Path, str]) -> None:
+    text = full[1]
+    prereg = (ROOT / "docs/replication/preregistration.md").read_text().rstrip("\n")
+    assert prereg in text
+    assert text.index(prereg) < text.index("# Results") < text.index("## Claim 1")
+
+
+def test_plain_and_noise_corrected_never_share_a_table(full: tuple[Path, str]) -> None:
+    text = full[1]
+    corrected_tables = 0
+    for heading, *lines in tables(text):
+        body = "\n".join(lines)
+        corrected = "unbiased" in body
+        plain = "GRPO_s" in body or "B_shared(C)" in body or "| B_shared_C |" in body
+        assert not (corrected and plain), body
+        if corrected:
+            corrected_tables += 1
+            assert "not comparable with the plain measure or the paper" in heading
+    assert corrected_tables == 2  # claim 1's audits and the learn run's
+    # the corrected value 25 points above the plain one is printed, flagged mass included
+    assert "| base | 85.00 ± 0.87 | 1.9 (8.0) | 1 of 8 |" in text
+
+
+def test_a_partial_ledger_says_what_has_not_run(tmp_path: Path) -> None:
+    text = render(tmp_path, [-6.0, -6.5, -5.5, -6.2, -6.0, -6.0], finished=4, learn=False)
+    assert "4 of 6 training seeds finished" in text
+    assert "not run yet: CD-RFT s4, CD-RFT s5." in text
+    assert "learn run (claim 2): not run yet" in text
+    mean, _, lo, hi = expected_interval([-6.0, -6.5, -5.5, -6.2])
+    assert f"| 4 | {mean:+.2f} |" in text and f"[{lo:+.2f}, {hi:+.2f}]" in text
+    assert "reproduced (interim: 4 of 6 training seeds)" in text
+    assert re.search(r"## Claim 2.*\n\nNot run yet\.", text)
+
+
+def test_one_seed_gives_no_interval_and_an_inconclusive_verdict(tmp_path: Path) -> None:
+    text = render(tmp_path, [-9.0] * 6, finished=1, learn=False)
+    assert "inconclusive (one seed: no interval) (interim: 1 of 6 training seeds)" in text
+    assert "| 1 | -9.00 | n/a | [n/a, n/a] | n/a |" in text
+
+
+def test_timings_calibration_claim2_and_figures(full: tuple[Path, str]) -> None:
+    folder, text = full
+    # grpo-s0: one command stopped by --hours then one done: 2 + 3 minutes, 5 min wall
+    assert "| GRPO training | 1 | 1 | 1 | 5.0 | 5.0 | 5.0 |" in text
+    assert "| CD-RFT training | 1 | 1 | 0 | 4.0 | 4.0 | 4.0 |" in text
+    assert "per call: 2, 2;" in text  # the report-only call is not a run
+    assert "| GRPO | 30 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 |" in text
+    # seed 2: calibration 65, tau 55; training probe 65 -> 55 over 5 steps; every step's
+    # after-update value (64, 62, ..., 56) is above tau; 2 iterations in steps 1 and 2
+    assert "| s2 | 65.00 | 55.00 | 65.00 → 55.00 | 65.00 → 55.00 | 5 of 5 | 4 |" in text
+    # after the update = after + 1 pp: each of the 12 acting steps lowered it by 1 pp
+    assert "(12 CD-RFT steps), it changed the training probe's B_shared" in text
+    assert "by -1.00 pp on average (range -1.00 to -1.00); it rose in 0 of them." in text
+    assert "| 4 | 40.0 (+15.0) | 50.0 (+15.0) | 12 |" in text
+    assert "| math/b | 25.0 | 30.0 | 40.0 | +15.0 |" in text
+    assert "| 4 | 56.35 ± 0.09 | 50.00 ± 0.00 | 55.00 ± 0.00 | -4.00 ± 0.00 |" in text
+    assert "cannot be computed from the ledger" in text
+    assert "B_shared there (60.35 %) should equal the base audit's (60.00 %)" in text
+    assert "- 12 of 60 claim-1 steps had nothing to learn" in text
+    assert "- 1 of 4 learn-run steps had nothing to learn" in text
+    for name in ("delta", "learn", "probe"):
+        assert (folder / "doc" / "img" / f"replication-{name}.png").stat().st_size > 10_000
+        assert f"(img/replication-{name}.png)" in text
+
+
+def test_a_corrupt_or_ambiguous_ledger_is_refused_in_one_line(tmp_path: Path) -> None:
+    ledger = build(tmp_path, [-6.0] * 6, learn=False)
+    with open(ledger / "timings.jsonl", "a") as handle:
+        handle.write("{not json\n")
+    with pytest.raises(SystemExit, match=r"timings.jsonl line 5 is not JSON"):
+        report.read_ledger(ledger)
+    (ledger / "timings.jsonl").unlink()
+    frame = pd.read_parquet(ledger / "runs/grpo-s0/decompose.parquet")
+    frame.loc[frame.index[:3], "model"] = "other"
+    write_parquet(frame, ledger / "runs/grpo-s0/decompose.parquet", {})
+    with pytest.raises(SystemExit, match="holds several models"):
+        report.pairs(report.read_ledger(ledger), "B_shared_C", SEEDS)
+    log = pd.read_parquet(ledger / "runs/grpo-s2/log.parquet").iloc[:0]
+    write_parquet(log, ledger / "runs/grpo-s2/log.parquet", {})
+    with pytest.raises(SystemExit, match="logs no step, yet the unit is marked DONE"):
+        report.read_ledger(ledger)
+    (ledger / "runs/grpo-s2/DONE").unlink()  # unfinished: not read at all
+    assert report.read_ledger(ledger).unit("grpo-s2") is None
+    (ledger / "runs/grpo-s1/decompose.parquet").write_bytes(b"not parquet")
+    with pytest.raises(SystemExit, match="not a readable Parquet file"):
+        report.read_ledger(ledger)

@@ -3,8 +3,10 @@
 (a) ``replication-delta.png``: per training seed Delta_s = CD-RFT_s - GRPO_s (points, with
     the paper-style +- SE over probe seeds), the paired t-interval over training seeds and
     the paper's effect as a band; B_shared (primary) and B_dir (secondary).
-(b) ``replication-learn.png``: the learn run's pass@k on the held-out split, its audit
-    B_shared and its training reward against the optimizer steps.
+(b) ``replication-learn.png``: the learn run's pass@k on the held-out split (with, where
+    the ledger has per-problem results, the paired 95 % t-interval of each state's pass@1
+    change from step 0, drawn around the step-0 level plus the change), its audit B_shared
+    and its training reward against the optimizer steps.
 (c) ``replication-probe.png``: training-probe B_shared per step for both arms (each seed
     a line; CD-RFT's tau_s dotted) beside the audit values of the base and final models.
 """
@@ -27,6 +29,7 @@ from replication_ledger import (  # noqa: E402
     Ledger,
     interval,
     pairs,
+    problem_changes,
     training_curve,
 )
 
@@ -83,6 +86,15 @@ def learn_figure(ledger: Ledger, path: Path) -> Path | None:
         for k, rows in overall.groupby("k"):
             rows = rows.sort_values("step")
             axes[0].plot(rows["step"], 100 * rows["pass_at_k"], "o-", label=f"pass@{k}")
+    if learn.eval_problems is not None:
+        changes = problem_changes(learn.eval_problems, "learn/eval_problems.parquet")
+        rows = changes[(changes["family"] == "all") & (changes["n"] > 1)]
+        if not rows.empty:
+            axes[0].errorbar(rows["step"], 100 * rows["after"], fmt="_", color="k", capsize=4,
+                             yerr=[100 * (rows["mean"] - rows["lo"]),
+                                   100 * (rows["hi"] - rows["mean"])],
+                             label="pass@1 change from step 0, paired 95 % t-interval")  # fmt: skip
+    if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=8)
     axes[0].set_ylim(0, 100)
     axes[0].set(xlabel="optimizer steps done", ylabel="pass@k on curriculum/eval (%)",

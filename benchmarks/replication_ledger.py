@@ -20,6 +20,12 @@ percent / percentage points):
   post-hoc power) comes with the range the SD's chi-square interval allows;
 * verdict (pre-registered rule): *reproduced* when the interval lies below 0,
   *contradicted* above 0, *inconclusive* when it holds 0 or does not exist (one seed).
+
+Claim 2 (``learn/eval_problems.parquet``, one row per state and held-out problem): a
+problem's pass@1 at state s is correct / samples; per state s after the first (step 0) the
+paired change d_q = pass@1_s(q) - pass@1_0(q) over the problems q both states hold, its
+mean and the Student-t interval over problems (Q - 1 degrees of freedom), over all problems
+and per family.
 """
 
 from __future__ import annotations
@@ -32,7 +38,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cdscope.analysis.stats import mean_se, seeds_needed, seeds_needed_interval, t_interval
+from cdscope.analysis.stats import (
+    mean_se,
+    paired_difference,
+    seeds_needed,
+    seeds_needed_interval,
+    t_interval,
+)
 from cdscope.errors import CdscopeError
 from cdscope.io import read_parquet
 
@@ -46,6 +58,8 @@ PAPER_EFFECT = {"B_shared_C": 0.055, "B_dir": 0.076}
 PAPER_SE = {"B_shared_C": 0.019, "B_dir": 0.021}
 #: the noise-corrected twin and the eigenvalue mass clipped to read it (bshared.parquet)
 CORRECTED, CLIPPED = "B_shared_C_unbiased", "gram_negative_mass"
+#: a held-out problem's identity in eval_problems.parquet (ids are unique within a benchmark)
+PROBLEM = ["benchmark", "problem_id"]
 STEP_PHASES = ("rollout_s", "backbone_s", "measure_s", "regularizer_s", "projection_s", "step_s")
 
 
@@ -78,6 +92,7 @@ class Unit:
     log_meta: dict = field(default_factory=dict)
     eval: pd.DataFrame | None = None
     audit: pd.DataFrame | None = None
+    eval_problems: pd.DataFrame | None = None
     probe_meta: dict = field(default_factory=dict)
     _values: dict = field(default_factory=dict, repr=False)  # (source, measure) -> Series
 
@@ -142,7 +157,7 @@ def read_ledger(root: Path) -> Ledger:
 
 def read_unit(folder: Path) -> Unit:
     unit = Unit(folder.name)
-    for name in ("decompose", "bshared", "eval", "audit"):
+    for name in ("decompose", "bshared", "eval", "audit", "eval_problems"):
         if (folder / f"{name}.parquet").is_file():
             setattr(unit, name, parquet(folder / f"{name}.parquet")[0])
     if (folder / "log.parquet").is_file():
@@ -233,6 +248,46 @@ def against_base(ledger: Ledger, measure: str, seeds: list[int], arm: str) -> np
             if not common.empty:
                 out.append(float((values - ref).loc[common].mean()))
     return np.array(out)
+
+
+def problem_passes(problems: pd.DataFrame, where: str) -> pd.DataFrame:
+    """``problems`` checked (a one-line refusal otherwise) with each problem's pass@1 =
+    correct / samples as ``pass1``."""
+    missing = {"step", "family", "samples", "correct", *PROBLEM} - set(problems.columns)
+    if missing:
+        raise fail(f"{where} lacks the columns {sorted(missing)}")
+    bad = (problems["samples"] < 1) | (problems["correct"] < 0)
+    if (bad | (problems["correct"] > problems["samples"])).any():
+        raise fail(f"{where} has a problem with samples < 1 or correct outside [0, samples]")
+    if problems.duplicated(["step", *PROBLEM]).any():
+        raise fail(f"{where} holds a problem twice at one step")
+    return problems.assign(pass1=problems["correct"] / problems["samples"])
+
+
+def problem_changes(problems: pd.DataFrame, where: str = "eval_problems.parquet") -> pd.DataFrame:
+    """Claim 2's paired statistic (module doc): per state s after the first and per group
+    (``all``, then each family), the problems both states hold (``n``), their mean pass@1
+    at the first state and at s, and the mean change with its 95 % t-interval (fractions;
+    NaN interval from one problem)."""
+    passes = problem_passes(problems, where)
+    states = sorted(passes["step"].unique())
+    columns = ["step", "first", "family", "n", "before", "after", "mean", "lo", "hi"]
+    rows: list[dict] = []
+    if not states:
+        return pd.DataFrame(rows, columns=columns)
+    first = passes[passes["step"] == states[0]].set_index(PROBLEM)
+    for step in states[1:]:
+        now = passes[passes["step"] == step].set_index(PROBLEM)
+        both = first.join(now[["pass1"]].rename(columns={"pass1": "pass1_s"}), how="inner")
+        if both.empty:
+            rows.append({"step": step, "first": states[0], "family": "all", "n": 0})
+            continue
+        for family, group in [("all", both), *both.groupby("family", sort=True)]:
+            diff = paired_difference(group["pass1_s"].to_numpy(), group["pass1"].to_numpy())
+            rows.append({"step": step, "first": states[0], "family": family, "n": diff.n,
+                         "before": group["pass1"].mean(), "after": group["pass1_s"].mean(),
+                         "mean": diff.mean, "lo": diff.ci_low, "hi": diff.ci_high})  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
 
 
 def covered_seconds(starts, ends) -> float:

@@ -33,6 +33,7 @@ from replication_ledger import (
     pairs,
     parts,
     probe_fit,
+    problem_changes,
     projection_changes,
     read_ledger,
     seeds_text,
@@ -312,10 +313,14 @@ def claim2_section(ledger: Ledger) -> tuple[list[str], dict]:
             lines += table([level, *[f"step {s}" for s in wide.columns], "last − first (pp)"], rows)
         facts["pass1"] = (overall.index[0], overall.index[-1], overall.iloc[0].get(1, math.nan),
                           overall.iloc[-1].get(1, math.nan))  # fmt: skip
-        lines += ["`eval.parquet` holds pass@k per benchmark, family and overall with the "
-                  "problem counts, not per-problem results, so the pre-registered paired "
-                  "interval over held-out problems cannot be computed from the ledger: the "
-                  "changes above carry no interval.", ""]  # fmt: skip
+    if learn.eval_problems is not None:
+        lines += paired_pass1(learn.eval_problems, facts)
+    elif "pass1" in facts:
+        lines += ["This ledger has no `learn/eval_problems.parquet` (it predates per-problem "
+                  "results; `eval.parquet` holds pass@k per benchmark, family and overall "
+                  "with the problem counts only), so the pre-registered paired interval over "
+                  "held-out problems cannot be computed from it: the changes above carry no "
+                  "interval.", ""]  # fmt: skip
     if learn.audit is not None and not learn.audit.empty:
         lines += audit_table(learn.audit, facts)
         base = ledger.unit("base")
@@ -336,6 +341,43 @@ def claim2_section(ledger: Ledger) -> tuple[list[str], dict]:
                   "reward mixes learning with the prompt mix each step draws; the held-out "
                   "pass@k above is the pre-registered reading.", ""]  # fmt: skip
     return lines, facts
+
+
+def paired_pass1(problems: pd.DataFrame, facts: dict) -> list[str]:
+    """The pre-registered claim-2 reading: per state, the paired change of per-problem
+    pass@1 from the first state with its t-interval over problems (replication_ledger)."""
+    changes = problem_changes(problems, "learn/eval_problems.parquet")
+    if changes.empty:
+        return ["`learn/eval_problems.parquet` holds fewer than two evidence states: no "
+                "change to pair.", ""]  # fmt: skip
+    facts["paired"] = changes
+    first = changes["first"].iloc[0]
+    rows = [[r.step, r.family, r.n, fmt(100 * r.before, 1, False), fmt(100 * r.after, 1, False),
+             fmt(100 * r.mean, 1), f"[{fmt(100 * r.lo, 1)}, {fmt(100 * r.hi, 1)}]"]
+            for r in changes.itertuples()]  # fmt: skip
+    lines = [f"Per-problem pass@1 (correct / samples, `learn/eval_problems.parquet`), paired "
+             f"over the held-out problems held at both step {first} and the state: mean pass@1 "
+             "at each, and the mean change with its 95 % Student-t interval over problems "
+             "(the pre-registered statistic), over all problems and per family:", ""]  # fmt: skip
+    header = ["steps done", "family", "problems", f"pass@1 at step {first} (%)",
+              "pass@1 at the state (%)", "change (pp)", "95 % t-interval (pp)"]  # fmt: skip
+    return lines + table(header, rows, right=2)
+
+
+def change_words(row: pd.Series) -> str:
+    """One problem_changes row as words read off its interval: rose / fell when the
+    interval excludes 0, no detectable change when it holds 0 (pp)."""
+    if row["n"] == 0:
+        return "cannot be compared (no problem is held at both states)"
+    mean, lo, hi = 100 * row["mean"], 100 * row["lo"], 100 * row["hi"]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"changed by {fmt(mean, 1)} pp on {row['n']} problem (no interval)"
+    span = f"95 % t-interval [{fmt(lo, 1)}, {fmt(hi, 1)}] pp over {row['n']} problems"
+    if lo > 0:
+        return f"rose by {fmt(mean, 1)} pp ({span})"
+    if hi < 0:
+        return f"fell by {fmt(mean, 1)} pp ({span})"
+    return f"showed no detectable change ({fmt(mean, 1)} pp; the {span} holds 0)"
 
 
 def audit_table(audit: pd.DataFrame, facts: dict) -> list[str]:
@@ -407,11 +449,21 @@ def closing_section(
                 f"- {idle} of {steps} {name} steps had nothing to learn (`skipped_fraction` 1: "
                 "every group's rewards were equal, so the policy gradient was 0)."
             )
-    if "pass1" in facts:
+    if "paired" in facts:
+        changes = facts["paired"]
+        last = changes[changes["step"] == changes["step"].max()]
+        overall = last.iloc[0]
+        families = "; ".join(
+            f"{r['family']} {change_words(r)}" for _, r in last.iloc[1:].iterrows()
+        )
+        lines.append(f"- Claim 2: from step {overall['first']} to step {overall['step']} held-out "
+                     f"pass@1, paired per problem, {change_words(overall)}"
+                     + (f"; per family: {families}." if families else "."))  # fmt: skip
+    elif "pass1" in facts:
         s0, s1, p0, p1 = facts["pass1"]
         lines.append(f"- Claim 2: held-out pass@1 {p0:.1f} % at step {s0} and {p1:.1f} % at "
                      f"step {s1} ({fmt(p1 - p0, 1)} pp), without an interval (no per-problem "
-                     "results in the ledger).")  # fmt: skip
+                     "results in this ledger).")  # fmt: skip
     if "audit" in facts:
         s0, s1, change = facts["audit"]
         lines.append(

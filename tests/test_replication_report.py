@@ -85,9 +85,38 @@ def _log(folder: Path, tau: float | None, start: float, steps: int = 5) -> None:
     write_parquet(frame, folder / "log.parquet", {"config": config})
 
 
-def build(root: Path, deltas_pp: list[float], finished: int = 6, learn: bool = True) -> Path:
+#: the learn run's per-problem passes: 5 samples per problem, problems 0..5 in each of two
+#: benchmarks (the same ids in both: a problem is (benchmark, problem_id)); the changes of
+#: correct counts from step 0 are chosen so that the totals match eval.parquet's pass@1
+#: (25 %, 30 %, 40 % of 60 samples) and each state's paired interval is known
+SAMPLES = 5
+CORRECT0 = {"math": [2, 1, 1, 1, 0, 2], "logic": [1, 2, 1, 1, 2, 1]}
+CHANGE = {2: {"math": [0, 1, 0, 1, 0, 0], "logic": [1, 0, 0, 0, -1, 1]},
+          4: {"math": [1, 2, 1, 1, 1, 1], "logic": [0, 1, 0, 1, 1, -1]}}  # fmt: skip
+
+
+def _problems(folder: Path) -> None:
+    rows = []
+    for step in (0, *CHANGE):
+        for fam, correct in CORRECT0.items():
+            change = CHANGE[step][fam] if step else [0] * 6
+            rows += [{"step": step, "benchmark": f"{fam}/b", "family": fam, "problem_id": str(i),
+                      "samples": SAMPLES, "correct": c + d}
+                     for i, (c, d) in enumerate(zip(correct, change, strict=True))]  # fmt: skip
+    # a problem held at one state only: it must not enter any pair
+    rows += [{"step": 0, "benchmark": "math/b", "family": "math", "problem_id": "dropped",
+              "samples": SAMPLES, "correct": 5},
+             {"step": 4, "benchmark": "logic/b", "family": "logic", "problem_id": "new",
+              "samples": SAMPLES, "correct": 0}]  # fmt: skip
+    write_parquet(pd.DataFrame(rows), folder / "eval_problems.parquet", {})
+
+
+def build(
+    root: Path, deltas_pp: list[float], finished: int = 6, learn: bool = True, problems: bool = True
+) -> Path:
     """A ledger of the full design (seeds 0..5, 8 audit draws) with Delta_s = deltas_pp;
-    seeds from ``finished`` on have GRPO done, CD-RFT still running (no DONE)."""
+    seeds from ``finished`` on have GRPO done, CD-RFT still running (no DONE); the learn
+    run's eval_problems.parquet only when ``problems``."""
     ledger = root / "ledger"
     ledger.mkdir(parents=True)
     (ledger / "plan.json").write_text(json.dumps({"seeds": SEEDS, "steps": 5}))
@@ -149,6 +178,8 @@ def build(root: Path, deltas_pp: list[float], finished: int = 6, learn: bool = T
                                  "benchmark": f"{fam}/b", "k": k, "pass_at_k": value,
                                  "problems": 6})  # fmt: skip
         write_parquet(pd.DataFrame(rows), folder / "eval.parquet", {})
+        if problems:
+            _problems(folder)
         audit = [{"step": step, "seed": p, "b_shared": 0.6 - 0.01 * step + 0.001 * p,
                   "b_dir": 0.5, "b_norm": 0.55, "b_shared_unbiased": 0.9,
                   "gram_negative_mass": 0.02} for step in (0, 2, 4) for p in PROBES]  # fmt: skip
@@ -279,7 +310,6 @@ def test_timings_calibration_claim2_and_figures(full: tuple[Path, str]) -> None:
     assert "| 4 | 40.0 (+15.0) | 50.0 (+15.0) | 12 |" in text
     assert "| math/b | 25.0 | 30.0 | 40.0 | +15.0 |" in text
     assert "| 4 | 56.35 ± 0.09 | 50.00 ± 0.00 | 55.00 ± 0.00 | -4.00 ± 0.00 |" in text
-    assert "cannot be computed from the ledger" in text
     assert "B_shared there (60.35 %) should equal the base audit's (60.00 %)" in text
     assert "- 12 of 60 claim-1 steps had nothing to learn" in text
     assert "- 1 of 4 learn-run steps had nothing to learn" in text
@@ -309,3 +339,78 @@ def test_a_corrupt_or_ambiguous_ledger_is_refused_in_one_line(tmp_path: Path) ->
     (ledger / "runs/grpo-s1/decompose.parquet").write_bytes(b"not parquet")
     with pytest.raises(SystemExit, match="not a readable Parquet file"):
         report.read_ledger(ledger)
+
+
+def paired_pp(step: int, family: str | None = None) -> tuple[float, float, float, int]:
+    """The expected mean change of per-problem pass@1 from step 0 (pp) and its 95 %
+    t-interval over problems, from CHANGE with scipy.stats.t."""
+    fams = [family] if family else list(CHANGE[step])
+    d = 100 * np.concatenate([CHANGE[step][f] for f in fams]) / SAMPLES
+    half = stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+    return d.mean(), d.mean() - half, d.mean() + half, d.size
+
+
+def test_claim2_reports_the_paired_per_problem_interval(full: tuple[Path, str]) -> None:
+    text = full[1]
+    # the same totals as eval.parquet: mean pass@1 over the 12 paired problems at each state
+    for step, after in ((2, 30.0), (4, 40.0)):
+        for family in (None, "logic", "math"):
+            mean, lo, hi, n = paired_pp(step, family)
+            before = 100 * np.mean(sum((CORRECT0[f] for f in ([family] if family else CORRECT0)),
+                                       [])) / SAMPLES  # fmt: skip
+            if family is None:
+                assert before == 25.0 and math.isclose(before + mean, after)
+            now = before + mean
+            row = (f"| {step} | {family or 'all'} | {n} | {before:.1f} | {now:.1f} | "
+                   f"{mean:+.1f} | [{lo:+.1f}, {hi:+.1f}] |")  # fmt: skip
+            assert row in text, row
+    # the closing words follow the intervals: overall and math exclude 0, logic holds it
+    mean, lo, hi, n = paired_pp(4)
+    assert lo > 0 and paired_pp(4, "math")[1] > 0 and paired_pp(4, "logic")[1] < 0
+    assert (f"- Claim 2: from step 0 to step 4 held-out pass@1, paired per problem, rose by "
+            f"{mean:+.1f} pp (95 % t-interval [{lo:+.1f}, {hi:+.1f}] pp over 12 problems); "
+            "per family: logic showed no detectable change") in text  # fmt: skip
+    m_mean, m_lo, m_hi, _ = paired_pp(4, "math")
+    assert (
+        f"math rose by {m_mean:+.1f} pp (95 % t-interval [{m_lo:+.1f}, {m_hi:+.1f}] pp over 6"
+        in text
+    )
+    assert "no per-problem" not in text and "cannot be computed" not in text
+
+
+def test_claim2_without_per_problem_results_says_so(tmp_path: Path) -> None:
+    text = render(tmp_path, [-6.0] * 6, problems=False)
+    assert "This ledger has no `learn/eval_problems.parquet`" in text
+    assert "the changes above carry no interval" in text
+    assert ("- Claim 2: held-out pass@1 25.0 % at step 0 and 40.0 % at step 4 (+15.0 pp), "
+            "without an interval (no per-problem results in this ledger).") in text  # fmt: skip
+    assert "pass@1 at the state (%)" not in text
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [(lambda f: f.assign(correct=f["correct"] + 9), "correct outside \\[0, samples\\]"),
+     (lambda f: f.assign(samples=0), "samples < 1"),
+     (lambda f: pd.concat([f, f.iloc[:1]]), "holds a problem twice at one step"),
+     (lambda f: f.drop(columns="problem_id"), "lacks the columns \\['problem_id'\\]")],
+)  # fmt: skip
+def test_corrupt_per_problem_results_are_refused_in_one_line(
+    tmp_path: Path, change, message: str
+) -> None:
+    ledger = build(tmp_path, [-6.0] * 6)
+    path = ledger / "learn" / "eval_problems.parquet"
+    write_parquet(change(pd.read_parquet(path)), path, {})
+    with pytest.raises(SystemExit, match=message):
+        report.claim2_section(report.read_ledger(ledger))
+
+
+def test_one_paired_problem_gives_no_interval(tmp_path: Path) -> None:
+    ledger = build(tmp_path, [-6.0] * 6)
+    path = ledger / "learn" / "eval_problems.parquet"
+    frame = pd.read_parquet(path)
+    write_parquet(frame[frame["problem_id"] == "0"].query("benchmark == 'math/b'"), path, {})
+    lines, facts = report.claim2_section(report.read_ledger(ledger))
+    assert "| 4 | all | 1 | 40.0 | 60.0 | +20.0 | [n/a, n/a] |" in lines
+    assert report.change_words(facts["paired"].iloc[-1]) == (
+        "changed by +20.0 pp on 1 problem (no interval)"
+    )

@@ -98,10 +98,24 @@ def embedded_gguf_path() -> Path:
         return path
     found = package_gguf()
     if found is None:
-        raise CdscopeError(
-            f"the embedded default model {EMBEDDED_NAME} is not installed: {install_hint()}"
-        )
+        raise not_installed()
     return found
+
+
+def not_installed() -> CdscopeError:
+    return CdscopeError(
+        f"the embedded default model {EMBEDDED_NAME} is not installed: {install_hint()}"
+    )
+
+
+def check_available() -> None:
+    """The cheap check of ``--model smollm2-135m`` before anything heavy loads (stdlib
+    only): its cache, ``$CDSCOPE_EMBEDDED_GGUF`` or the installed package must be there;
+    whether they are sound (hash, format) is the load's to check."""
+    if (embedded_cache_dir() / "config.json").is_file() or os.environ.get(ENV):
+        return
+    if package_gguf() is None:
+        raise not_installed()
 
 
 def pip_command(quiet: bool = False) -> list[str]:

@@ -34,6 +34,7 @@ from cdscope.commands.workflow import (
 )
 from cdscope.core.control import ControlResult
 from cdscope.core.models import LoadedModel
+from cdscope.core.models.hub import check_model_spec
 from cdscope.core.probes import split_pool
 from cdscope.distributed import is_main_process, launch_env
 from cdscope.errors import CdscopeError
@@ -151,6 +152,7 @@ def _collect(
             if not todo:
                 continue
             if not isinstance(given, LoadedModel):
+                check_model_spec(spec)  # the embedded model not installed: one line, first
                 progress.phase(task, f"loading {spec}")
             loaded = given if isinstance(given, LoadedModel) else run.options.load(spec, console)
             progress.phase(task, f"{spec}: finding and proving its residual writes")

@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from cdscope.commands.workflow import model_record
+from cdscope.core.models.hub import check_model_spec
 from cdscope.core.probes import draw_probe, load_pool, split_pool
 from cdscope.distributed import (
     is_main_process,
@@ -116,6 +117,8 @@ def prepare(
     drawn = [i.id for i in draw_probe(pool, cfg.seed, cfg.probe_n, pool.families)]
     evidence = plan_evidence(cfg, tasks, families, whole, drawn, console)
     check_writable(Path(cfg.out_dir) / LOG_NAME)
+    if model is None:
+        check_model_spec(cfg.model)  # the embedded model not installed: one line, first
     if model is None and console is not None:  # the first minute of a run, also in a log
         dim(console, f"loading {cfg.model} ...")
     loaded = _policy(cfg, model, tokenizer, console)

@@ -122,6 +122,9 @@ def check_model_spec(spec: str) -> None:
     mean"). A well-formed hub id on a reachable hub is left to the load: whether the hub
     has it costs a request to the hub."""
     if spec == EMBEDDED_NAME:
+        from cdscope.embedded import check_available
+
+        check_available()
         return
     path = Path(spec).expanduser()
     if path.is_dir():

@@ -77,18 +77,18 @@ def test_half_precision_embedded_model_is_proven_with_all_60_writes(embedded, dt
 
 def test_discovery_and_proof_on_the_embedded_model(embedded) -> None:
     """K = 60 in the old order (attn, mlp per layer) on the modules the table used to name;
-    discovery + proof costs a few short forwards (the target, <= 1 s on an idle CPU, is
-    measured in the issue report; here bounded by plain 6-token forwards)."""
-    from cdscope.core.models import architecture, discovery
+    discovery + proof costs a few short forwards of the whole model (counted, not timed: a
+    wall-clock bound failed under load; 4 measured, the target <= 1 s on an idle CPU is in
+    the issue report)."""
+    from cdscope.core.models import architecture
 
     architecture._CACHE.pop(embedded.model, None)
-    ids = discovery.probe_ids(embedded.model, torch.device("cpu"))
-    start = time.perf_counter()
-    discovery.run_probe(embedded.model, ids)
-    forward = time.perf_counter() - start
-    start = time.perf_counter()
-    arch = architecture.architecture_of(embedded.model)
-    elapsed = time.perf_counter() - start
+    forwards: list[int] = []
+    hook = embedded.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        arch = architecture.architecture_of(embedded.model)
+    finally:
+        hook.remove()
     assert arch.K == 60 and all(arch.roles(layer) == ("attn", "mlp") for layer in range(30))
     assert [w.path for w in arch.writes[:2]] == ["model.layers.0.self_attn", "model.layers.0.mlp"]
-    assert elapsed < 6 * forward + 0.5
+    assert 1 <= len(forwards) <= 6, forwards

@@ -41,6 +41,7 @@ from replication_ledger import (
     unit_label,
     verdict,
 )
+from replication_text import change_words, fmt, pm, table
 
 from cdscope.analysis.noise import CLIPPED_MASS_WARN
 from cdscope.analysis.stats import mean_se, paired_t_power
@@ -53,25 +54,6 @@ PREREGISTRATION = Path(__file__).resolve().parents[1] / "docs/replication/prereg
 NOT_COMPARABLE = "not comparable with the plain measure or the paper"
 
 __all__ = ["PAPER_EFFECT", "interval", "seeds_text", "write_report"]
-
-
-def fmt(x: float, digits: int = 2, sign: bool = True) -> str:
-    """x with ``digits`` decimals (signed unless ``sign`` is False); n/a when not finite."""
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
-def pm(mean: float, se: float, sign: bool = True) -> str:
-    """'mean ± SE' in the given unit; the SE is n/a from one value."""
-    return f"{fmt(mean, 2, sign)} ± {fmt(se, 2, False)}"
-
-
-def table(header: list[str], rows: list[list[str]], right: int = 1) -> list[str]:
-    """A markdown table; columns from ``right`` on are right-aligned."""
-    align = ["---"] * right + ["---:"] * (len(header) - right)
-    body = ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|", *body, ""]
 
 
 def finished_seeds(ledger: Ledger, seeds: list[int]) -> list[int]:
@@ -362,22 +344,6 @@ def paired_pass1(problems: pd.DataFrame, facts: dict) -> list[str]:
     header = ["steps done", "family", "problems", f"pass@1 at step {first} (%)",
               "pass@1 at the state (%)", "change (pp)", "95 % t-interval (pp)"]  # fmt: skip
     return lines + table(header, rows, right=2)
-
-
-def change_words(row: pd.Series) -> str:
-    """One problem_changes row as words read off its interval: rose / fell when the
-    interval excludes 0, no detectable change when it holds 0 (pp)."""
-    if row["n"] == 0:
-        return "cannot be compared (no problem is held at both states)"
-    mean, lo, hi = 100 * row["mean"], 100 * row["lo"], 100 * row["hi"]
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"changed by {fmt(mean, 1)} pp on {row['n']} problem (no interval)"
-    span = f"95 % t-interval [{fmt(lo, 1)}, {fmt(hi, 1)}] pp over {row['n']} problems"
-    if lo > 0:
-        return f"rose by {fmt(mean, 1)} pp ({span})"
-    if hi < 0:
-        return f"fell by {fmt(mean, 1)} pp ({span})"
-    return f"showed no detectable change ({fmt(mean, 1)} pp; the {span} holds 0)"
 
 
 def audit_table(audit: pd.DataFrame, facts: dict) -> list[str]:

@@ -16,13 +16,14 @@ import copy
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from cdscope.commands.workflow import model_record
 from cdscope.core.models.hub import check_model_spec
 from cdscope.core.probes import draw_probe, load_pool, split_pool
+from cdscope.core.routing import RoutingCount
 from cdscope.distributed import (
     is_main_process,
     launch_env,
@@ -40,6 +41,9 @@ from cdscope.tasks import Task, default_task_paths, load_tasks
 from cdscope.train.loop import train_hf
 from cdscope.train.run import LOG_NAME, TrainInputs, TrainResult
 from cdscope.train.tracking import require_tracker
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def load_training_tasks(cfg: TrainConfig) -> list[Task]:
@@ -219,8 +223,29 @@ def _run(
             from cdscope.integrations.trl import train_with_trl
 
             extra = cfg.extra.get("trl", {})
-            return train_with_trl(inputs, resume=resume, console=console, **extra)
-        return train_hf(inputs, resume=resume, console=console, stop_after=stop_after)
+            result = train_with_trl(inputs, resume=resume, console=console, **extra)
+        else:
+            result = train_hf(inputs, resume=resume, console=console, stop_after=stop_after)
+    if is_main_process():
+        say_routing(result.log, console)
+    return result
+
+
+def say_routing(log: pd.DataFrame, console: Console) -> None:
+    """MoE models: how many routing decisions the run's first-order regulariser estimates
+    held at the nominal experts (``core.routing``; log columns ``routing_*``), and a
+    warning where some could not be held (a router without top-k, PhiMoE's): there the
+    estimate is not the derivative of R, and ``--estimator exact`` is."""
+    if "routing_decisions" not in log or not len(log):
+        return
+    held = RoutingCount(
+        *(int(log[f"routing_{k}"].sum()) for k in ("decisions", "switched", "unheld"))
+    )
+    if held.unheld:
+        warn(console, f"MoE routing: {held.describe()}; the regulariser's gradient crossed "
+             "routing switches it could not hold; use --estimator exact")  # fmt: skip
+    elif held.decisions:
+        dim(console, f"MoE routing: {held.describe()}")
 
 
 #: what a resumed run must share with the run it continues, beside the settings the

@@ -35,6 +35,7 @@ from cdscope.core.control import ControlResult, control_autograd
 from cdscope.core.gating.model import GatedModel
 from cdscope.core.probes import ProbePool, draw_probe
 from cdscope.core.regularizer import GradResult, regularizer_grad
+from cdscope.core.routing import RoutingCount
 from cdscope.errors import CdscopeError
 from cdscope.train.engine import local
 
@@ -56,6 +57,8 @@ class ProjectionResult:
     before: ProbeMeasure  # right after the optimizer step
     after: ProbeMeasure  # after the last projection step (== before when none ran)
     seconds: float
+    #: the routing decisions the projection's first-order estimates held (MoE; else empty)
+    routing: RoutingCount = RoutingCount()
 
 
 def build_probe(
@@ -172,17 +175,18 @@ def project(
     began = time.perf_counter()
     current = start or measure_probe(gm, batch, batch_size)
     before = current
-    iterations = 0
+    iterations, routing = 0, RoutingCount()
     while agreed(current.b_shared) * 100.0 > tau and iterations < k_max:
         result = regularizer_grad(
             gm, batch, estimator, eps, params, batch_size=batch_size, nominal=current.control
         )
+        routing += result.routing or RoutingCount()
         with torch.no_grad():
             for p, g in zip(params, result.grads, strict=True):
                 p.sub_(g.to(p.dtype), alpha=eta_proj)
         iterations += 1
         current = measure_probe(gm, batch, batch_size)
-    return ProjectionResult(iterations, before, current, time.perf_counter() - began)
+    return ProjectionResult(iterations, before, current, time.perf_counter() - began, routing)
 
 
 def finite_params(params: Sequence[nn.Parameter]) -> bool:

@@ -15,7 +15,10 @@ calling the same methods in the same order once per optimizer step:
 4. ``after_update(t)`` -- B_shared after the update, the projection loop while
    B_shared > tau and fewer than K_max iterations (SPEC §5 step 4), the finite check on
    the parameters, and the closing measurement kept for step t + 1;
-5. ``log_fields()`` -- the probe / regulariser / timing columns of the step's log row.
+5. ``log_fields()`` -- the probe / regulariser / timing columns of the step's log row,
+   with the MoE routing decisions the step's first-order estimates held
+   (``routing_decisions`` / ``routing_switched`` / ``routing_unheld``, ``core.routing``;
+   0 on a dense model).
 
 With ``--regularizer none`` the same object measures (so both arms log B_shared) and
 adds nothing. Under DDP (torchrun / accelerate launch) every rank holds the full
@@ -49,6 +52,7 @@ from cdscope.core.batch import ProbeBatch, rows_per_forward
 from cdscope.core.gating.model import GatedModel
 from cdscope.core.grad_sink import require_reached
 from cdscope.core.models.placement import execution_device
+from cdscope.core.routing import RoutingCount
 from cdscope.distributed import int_from_rank_zero, joined_world_size, tensors_from_rank_zero
 from cdscope.errors import CdscopeError
 from cdscope.settings.training import TrainConfig
@@ -91,6 +95,9 @@ class CDRFTStep:
         #: the closing measurement of the last step: C at the theta the next step opens with
         self.carried: ProbeMeasure | None = None
         self.fields: dict[str, Any] = {}
+        #: this step's MoE routing decisions held by the first-order estimates (regulariser
+        #: + projection; ``core.routing``): none on a dense model or with --estimator exact
+        self.routing = RoutingCount()
 
     @property
     def regularised(self) -> bool:
@@ -117,6 +124,7 @@ class CDRFTStep:
             before = measure_probe(self.gm, self.probe, self.rows)
         measure_s = time.perf_counter() - began
         reg_R, regularizer_s, reg_norm = math.nan, 0.0, 0.0  # noqa: N806
+        routing = RoutingCount()
         if self.regularised and cfg.lam > 0:
             status("regulariser")
             began = time.perf_counter()
@@ -124,7 +132,7 @@ class CDRFTStep:
                 self.gm, self.probe, self.params, cfg.lam, cfg.estimator, cfg.eps, self.rows,
                 at=before,
             )  # fmt: skip
-            reg_R = result.R  # noqa: N806
+            reg_R, routing = result.R, result.routing or routing  # noqa: N806
             # ||lambda grad R|| (a DTensor norm is a collective: every rank takes it)
             reg_norm = cfg.lam * float(whole(get_total_norm(result.grads)))
             if not shards.sharded:  # DDP: the backbone part is already the all-reduced
@@ -142,6 +150,7 @@ class CDRFTStep:
             "measure_s": measure_s,
             "regularizer_s": regularizer_s,
         }
+        self.routing = routing
         return before
 
     def after_update(self, step: int, status: Status = _quiet) -> ProjectionResult:
@@ -165,12 +174,16 @@ class CDRFTStep:
         if not shards.all(finite_params(self.params)):
             raise self.diverged(step, "a parameter after the update")
         self.carried = proj.after
+        self.routing += proj.routing
         self.fields.update(
             b_shared_after_update=after.b_shared,
             b_shared_after=proj.after.b_shared,
             r_after=proj.after.R,
             proj_iters=proj.iterations,
             projection_s=proj.seconds,
+            routing_decisions=self.routing.decisions,
+            routing_switched=self.routing.switched,
+            routing_unheld=self.routing.unheld,
         )
         return proj
 
@@ -202,5 +215,6 @@ class CDRFTStep:
 PROBE_COLUMNS = (
     "b_shared_before", "audit_b_shared", "r_before", "b_shared_after_update", "b_shared_after",
     "r_after", "r_regularizer", "grad_norm_reg", "proj_iters",
+    "routing_decisions", "routing_switched", "routing_unheld",
 )  # fmt: skip
 TIMING_COLUMNS = ("measure_s", "regularizer_s", "projection_s")

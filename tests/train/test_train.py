@@ -324,3 +324,29 @@ def test_optimizer_and_rng_states_round_trip_without_pickle(tmp_path: Path) -> N
     assert first == (random.random(), np.random.rand(), float(torch.rand(1)))
     with pytest.raises(TypeError, match="cannot store a object"):
         ckpt.save_state({"x": object()}, tmp_path / "bad.safetensors")
+
+
+def test_an_moe_run_logs_the_routing_its_regulariser_held(files, tmp_path: Path) -> None:
+    """On an MoE model each step logs the routing decisions its first-order estimates held
+    (core.routing): 2 perturbed rows per probe row for the proxy estimator, one decision
+    per MoE block and real probe token, once for the regulariser and once per projection
+    iteration; the GRPO arm holds none, and a dense model logs 0 (issue 36 part 3)."""
+    from cdscope.commands.train import prepare
+    from cdscope.core.models.architecture import architecture_of
+    from cdscope.core.routing import moe_blocks
+    from cdscope.tools import tiny
+
+    cfg = config(files, tmp_path / "moe", steps=2, save_every=2)
+    result, model = run(cfg, model=tiny.tiny_model("mixtral", 2))
+    probe = prepare(cfg.replace(out_dir=str(tmp_path / "p")), None, model, byte_tokenizer(),
+                    parity_reward).probe  # fmt: skip
+    per_estimate = 2 * int(probe.lengths.sum()) * len(moe_blocks(model, architecture_of(model)))
+    log = result.log
+    assert per_estimate > 0 and (log["routing_unheld"] == 0).all()
+    assert (log["routing_decisions"] == per_estimate * (1 + log["proj_iters"])).all()
+    assert (log["routing_switched"] <= log["routing_decisions"]).all()
+    none, _ = run(cfg.replace(out_dir=str(tmp_path / "none"), regularizer="none"),
+                  model=tiny.tiny_model("mixtral", 2))  # fmt: skip
+    assert (none.log["routing_decisions"] == 0).all()
+    dense, _ = run(config(files, tmp_path / "dense", steps=1))
+    assert (dense.log[["routing_decisions", "routing_switched"]] == 0).all(axis=None)

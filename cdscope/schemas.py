@@ -72,7 +72,8 @@ COLUMNS: dict[str, pa.DataType] = {
     "completion_tokens": INT, "skipped_fraction": FLOAT, "b_shared_before": FLOAT,
     "audit_b_shared": FLOAT, "grad_norm_reg": FLOAT, "r_before": FLOAT,
     "b_shared_after_update": FLOAT, "b_shared_after": FLOAT, "r_after": FLOAT,
-    "r_regularizer": FLOAT, "proj_iters": INT, "rollout_s": FLOAT, "backbone_s": FLOAT,
+    "r_regularizer": FLOAT, "proj_iters": INT, "grad_norm_proj": FLOAT, "proj_moved": FLOAT,
+    "rollout_s": FLOAT, "backbone_s": FLOAT,
     "measure_s": FLOAT, "regularizer_s": FLOAT, "projection_s": FLOAT, "step_s": FLOAT,
     # train: eval.parquet and audit.parquet (held-out evidence, train/evidence.py)
     "trained": BOOL, "samples": INT, "b_shared": FLOAT, "b_dir": FLOAT, "b_norm": FLOAT,

@@ -120,6 +120,13 @@ class TrainConfig:
     )
     k_max: int = setting(12, "--k-max", "Max projection iterations per step.")
     eta_proj: float = setting(4e-3, "--eta-proj", "Projection step size.")
+    proj_max_norm: float | None = setting(
+        None,
+        "--proj-max-norm",
+        "Cap on ||grad R|| in each projection step (theta moves at most eta_proj times it); "
+        "off: SPEC's plain step, which a spike of grad R can turn into a policy-breaking "
+        "jump (docs/train.md).",
+    )
     eps: float = setting(DEFAULT_EPS, "--eps", "Gate step of the proxy gradient.")
     estimator: str = setting(
         DEFAULT_ESTIMATOR,
@@ -277,6 +284,10 @@ class TrainConfig:
         for flag, value in (("--lr", self.lr), ("--eta-proj", self.eta_proj), ("--eps", self.eps)):
             if not value > 0:
                 raise CdscopeError(f"{flag} must be positive; got {value}")
+        if self.proj_max_norm is not None and not 0 < self.proj_max_norm < math.inf:
+            raise CdscopeError(
+                f"--proj-max-norm must be a positive finite number; got {self.proj_max_norm}"
+            )
         for flag, value in (("--beta", self.beta), ("--lambda", self.lam)):
             if not value >= 0:
                 raise CdscopeError(f"{flag} must be non-negative; got {value}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn.utils import get_total_norm
 
 from cdscope.analysis.spectral import b_shared, moment_ratio
 from cdscope.core.batch import ProbeBatch, encode_probe
@@ -37,7 +38,7 @@ from cdscope.core.probes import ProbePool, draw_probe
 from cdscope.core.regularizer import GradResult, regularizer_grad
 from cdscope.core.routing import RoutingCount
 from cdscope.errors import CdscopeError
-from cdscope.train.engine import local
+from cdscope.train.engine import local, whole
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class ProjectionResult:
     seconds: float
     #: the routing decisions the projection's first-order estimates held (MoE; else empty)
     routing: RoutingCount = RoutingCount()
+    #: the largest ||grad R|| an iteration stepped along (0: none ran)
+    grad_norm_max: float = 0.0
+    #: the length of the path theta moved: sum over iterations of eta_proj * s * ||grad R||
+    moved: float = 0.0
 
 
 def build_probe(
@@ -165,28 +170,40 @@ def project(
     batch_size: int | None = None,
     start: ProbeMeasure | None = None,
     agreed: Callable[[float], float] = float,
+    max_norm: float | None = None,
 ) -> ProjectionResult:
     """The inner loop (SPEC §5 step 4); ``tau`` in percent, like ``--tau``.
 
-    ``start`` is the measurement at the current theta when the caller already has it.
-    ``agreed`` maps this rank's B_shared to the one every rank decides on (sharded runs:
-    rank 0's, ``engine.Shards.from_rank_zero``), so all ranks run the same iterations.
+    Each iteration steps theta <- theta - eta_proj * s * grad R with s = 1 (SPEC's plain
+    step) or, with ``max_norm`` X (``--proj-max-norm``), s = min(1, X / ||grad R||): the
+    step never moves theta further than eta_proj * X, whatever a spike of grad R (a family
+    whose C row nearly vanishes) would ask. ``start`` is the measurement at the current
+    theta when the caller already has it. ``agreed`` maps this rank's B_shared to the one
+    every rank decides on (sharded runs: rank 0's, ``engine.Shards.from_rank_zero``), so
+    all ranks run the same iterations.
     """
     began = time.perf_counter()
     current = start or measure_probe(gm, batch, batch_size)
     before = current
-    iterations, routing = 0, RoutingCount()
+    iterations, routing, norms, moved = 0, RoutingCount(), [], 0.0
     while agreed(current.b_shared) * 100.0 > tau and iterations < k_max:
         result = regularizer_grad(
             gm, batch, estimator, eps, params, batch_size=batch_size, nominal=current.control
         )
         routing += result.routing or RoutingCount()
+        norm = float(whole(get_total_norm(result.grads)))  # DTensor shards: a collective
+        scale = 1.0 if max_norm is None or norm <= max_norm else max_norm / norm
         with torch.no_grad():
             for p, g in zip(params, result.grads, strict=True):
-                p.sub_(g.to(p.dtype), alpha=eta_proj)
+                p.sub_(g.to(p.dtype), alpha=eta_proj * scale)
+        norms.append(norm)
+        moved += eta_proj * scale * norm
         iterations += 1
         current = measure_probe(gm, batch, batch_size)
-    return ProjectionResult(iterations, before, current, time.perf_counter() - began, routing)
+    seconds = time.perf_counter() - began
+    return ProjectionResult(
+        iterations, before, current, seconds, routing, max(norms, default=0.0), moved
+    )
 
 
 def finite_params(params: Sequence[nn.Parameter]) -> bool:

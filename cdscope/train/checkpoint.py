@@ -227,7 +227,7 @@ RESUME_FIXED = (
     "sharding", "activation_checkpointing", "probe_split", "probe_max_tokens", "plain_step",
     "eval_every", "eval_n", "eval_k", "eval_limit", "eval_max_new_tokens", "audit_every",
     "audit_seeds", "audit_n", "epsilon_high", "loss_type", "scale_rewards", "num_iterations",
-    "mask_truncated_completions",
+    "mask_truncated_completions", "proj_max_norm",
 )  # fmt: skip
 
 

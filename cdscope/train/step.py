@@ -166,6 +166,7 @@ class CDRFTStep:
             proj = project(
                 self.gm, self.probe, self.params, cfg.tau, cfg.k_max, cfg.eta_proj,
                 cfg.estimator, cfg.eps, self.rows, start=after, agreed=shards.from_rank_zero,
+                max_norm=cfg.proj_max_norm,
             )  # fmt: skip
         else:
             proj = ProjectionResult(0, after, after, 0.0)
@@ -180,6 +181,8 @@ class CDRFTStep:
             b_shared_after=proj.after.b_shared,
             r_after=proj.after.R,
             proj_iters=proj.iterations,
+            grad_norm_proj=proj.grad_norm_max,
+            proj_moved=proj.moved,
             projection_s=proj.seconds,
             routing_decisions=self.routing.decisions,
             routing_switched=self.routing.switched,
@@ -214,7 +217,7 @@ class CDRFTStep:
 #: the columns ``CDRFTStep.log_fields`` fills, in log order (docs/train.md)
 PROBE_COLUMNS = (
     "b_shared_before", "audit_b_shared", "r_before", "b_shared_after_update", "b_shared_after",
-    "r_after", "r_regularizer", "grad_norm_reg", "proj_iters",
+    "r_after", "r_regularizer", "grad_norm_reg", "proj_iters", "grad_norm_proj", "proj_moved",
     "routing_decisions", "routing_switched", "routing_unheld",
 )  # fmt: skip
 TIMING_COLUMNS = ("measure_s", "regularizer_s", "projection_s")

@@ -93,6 +93,22 @@ def test_regularizer_step_adds_lambda_grad_and_projection_lowers_r(files) -> Non
         none = project(gm, batch, params, tau=100.0, k_max=3, eta_proj=0.05,
                        estimator="exact", eps=0.01)  # fmt: skip
         assert none.iterations == 0
+        assert none.grad_norm_max == none.moved == 0.0
+        # --proj-max-norm: a step along grad R scaled to norm X when ||grad R|| > X
+        norm = float(torch.cat([g.flatten() for g in reference.grads]).norm())
+        for p, b in zip(params, before, strict=True):
+            p.data.copy_(b)
+        plain = project(gm, batch, params, 34.0, 1, 0.05, "exact", 0.01, max_norm=10 * norm)
+        assert plain.grad_norm_max == pytest.approx(norm) and plain.moved == pytest.approx(
+            0.05 * norm
+        )
+        for p, b in zip(params, before, strict=True):
+            p.data.copy_(b)
+        capped = project(gm, batch, params, 34.0, 1, 0.05, "exact", 0.01, max_norm=norm / 4)
+        assert capped.grad_norm_max == pytest.approx(norm)
+        assert capped.moved == pytest.approx(0.05 * norm / 4)
+        for p, b, g in zip(params, before, reference.grads, strict=True):
+            torch.testing.assert_close(p.detach(), b - 0.05 / 4 * g)
 
 
 def test_resume_is_bit_for_bit(files, tmp_path: Path) -> None:
@@ -206,6 +222,9 @@ def test_diverging_loss_stops_and_keeps_last_good_checkpoint(files, tmp_path, mo
         ({"regularizer": "l2"}, "--regularizer"),
         ({"eps": 1e-9, "dtype": "float32"}, "rounded away"),
         ({"granularity": "edge"}, "--granularity must be one of sublayer, head"),
+        ({"proj_max_norm": 0.0}, "--proj-max-norm must be a positive finite number"),
+        ({"proj_max_norm": float("nan")}, "--proj-max-norm must be a finite number"),
+        ({"proj_max_norm": float("inf")}, "--proj-max-norm must be a finite number"),
     ],
 )
 def test_bad_settings(files, tmp_path: Path, changes, message: str) -> None:

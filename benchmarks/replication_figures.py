@@ -1,7 +1,7 @@
 """The figures of replication v2's report (benchmarks/replication_report.py).
 
 (a) ``replication-delta.png``: per training seed Delta_s = CD-RFT_s - GRPO_s (points, with
-    the paper-style +- SE over probe seeds), the paired t-interval over training seeds and
+    the paper-style +- SE over probe seeds; a seed with a collapsed run is labelled so), the paired t-interval over training seeds and
     the paper's effect as a band; B_shared (primary) and B_dir (secondary).
 (b) ``replication-learn.png``: the learn run's pass@k on the held-out split (with, where
     the ledger has per-problem results, the paired 95 % t-interval of each state's pass@1
@@ -27,6 +27,7 @@ from replication_ledger import (  # noqa: E402
     PAPER_EFFECT,
     PAPER_SE,
     Ledger,
+    collapsed_steps,
     interval,
     pairs,
     problem_changes,
@@ -67,7 +68,10 @@ def delta_figure(ledger: Ledger, seeds: list[int], path: Path) -> Path | None:
         ax.axhline(effect, color="tab:green", lw=1.2, label=f"paper: {effect:g} ± {se:g}")
         ax.axhline(0, color="0.5", lw=0.8)
         ticks = [*x, xm]
-        ax.set_xticks(ticks, [f"s{s}" for s in frame["seed"]] + ["mean"])
+        broken = [any(collapsed_steps(ledger.unit(f"{a}-s{s}")) for a in ARMS)
+                  for s in frame["seed"]]  # fmt: skip
+        ax.set_xticks(ticks, [f"s{s}" + ("\ncollapsed" if b else "")
+                              for s, b in zip(frame["seed"], broken, strict=True)] + ["mean"])  # fmt: skip
         role = "primary" if measure == "B_shared_C" else "secondary"
         ax.set(xlabel="training seed", ylabel=f"Δ {measure}, CD-RFT − GRPO (pp)",
                title=f"{measure} ({role}), held-out audit")  # fmt: skip

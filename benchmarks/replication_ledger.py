@@ -381,3 +381,17 @@ def projection_changes(ledger: Ledger, seeds: list[int]) -> np.ndarray:
             acted = unit.log[unit.log["proj_iters"] > 0]
             changes += list(100 * (acted["b_shared_after"] - acted["b_shared_after_update"]))
     return np.array(changes, dtype=float)
+
+
+def collapsed_steps(unit: Unit | None) -> list[int]:
+    """Steps of a training run whose rollouts show a collapsed policy: every completion ran
+    to the ``--max-new-tokens`` cap (the log's ``completion_tokens`` is prompts x G x cap)
+    and earned reward 0. A step's rollouts come from the weights the previous step left."""
+    if unit is None or unit.log is None or "completion_tokens" not in unit.log:
+        return []
+    config = unit.log_meta.get("config", {})
+    cap = config.get("prompts_per_step", 0) * config.get("group_size", 0)
+    cap *= config.get("max_new_tokens", 0)
+    log = unit.log
+    hit = (log["completion_tokens"] == cap) & (log["reward"] == 0.0)
+    return [int(s) for s in log.loc[hit, "step"]] if cap else []

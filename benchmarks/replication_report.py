@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 from replication_figures import figures
+from replication_health import health_section
 from replication_ledger import (
     ARMS,
     CLIPPED,
@@ -27,6 +28,7 @@ from replication_ledger import (
     STEP_PHASES,
     Ledger,
     against_base,
+    collapsed_steps,
     idle_steps,
     interval,
     jobs_of,
@@ -404,6 +406,13 @@ def closing_section(
                          "speaks for the model.")  # fmt: skip
     else:
         lines.append("- Claim 1: no training seed has both arms audited yet; nothing is shown.")
+    collapsed = [f"{LABEL[a]} s{s}" for s in seeds for a in ARMS
+                 if collapsed_steps(ledger.unit(f"{a}-s{s}"))]  # fmt: skip
+    if collapsed:
+        lines.append(f"- Policy collapse (not foreseen by the pre-registration): "
+                     f"{', '.join(collapsed)} — every completion at the token cap with reward "
+                     "0 from some step on (Run health). Its audit B_shared is that of a "
+                     "broken model, and it is in the primary test as pre-registered.")  # fmt: skip
     runs = [u.log for n, u in ledger.units.items() if n.split("-s")[0] in ARMS]
     for name, logs in (
         ("claim-1", runs),
@@ -464,7 +473,7 @@ def write_report(args: Namespace) -> Path:
     lines += calibration_section(ledger, seeds)
     claim1, stat = claim1_section(ledger, seeds)
     claim2, facts = claim2_section(ledger)
-    lines += claim1 + claim2
+    lines += claim1 + health_section(ledger, seeds) + claim2
     if made:
         lines += ["## Figures", "", *[f"![{p.stem}](img/{p.name})" for p in made], ""]
     lines += closing_section(ledger, seeds, stat, facts, args.audit_n)

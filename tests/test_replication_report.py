@@ -414,3 +414,48 @@ def test_one_paired_problem_gives_no_interval(tmp_path: Path) -> None:
     assert report.change_words(facts["paired"].iloc[-1]) == (
         "changed by +20.0 pp on 1 problem (no interval)"
     )
+
+
+def _rollouts(folder: Path, rewards: list[float], tokens: list[int], reg: list[float]) -> None:
+    """Rewrite a unit's log with rollout columns: 2 prompts x G 2 x a 3-token cap = 12."""
+    frame, meta = pd.read_parquet(folder / "log.parquet"), {}
+    frame = frame.assign(reward=rewards, completion_tokens=tokens, grad_norm_reg=reg)
+    meta = {"config": {"seed": 0, "tau": 56.0, "prompts_per_step": 2, "group_size": 2,
+                       "max_new_tokens": 3}}  # fmt: skip
+    write_parquet(frame, folder / "log.parquet", meta)
+
+
+def test_run_health_names_a_collapsed_run_and_shows_the_rest_post_hoc(tmp_path: Path) -> None:
+    """A step whose completions all hit the token cap with reward 0 is a collapsed policy;
+    one at the cap with some reward, or with reward 0 below the cap, is not. The post-hoc
+    interval is the paired t-interval of the seeds without a collapsed run; the verdict
+    stays the pre-registered one over all six."""
+    deltas = [-3.0, 2.0, -1.0, 25.0, -2.0, 0.5]
+    ledger = build(tmp_path, deltas)
+    runs = ledger / "runs"
+    _rollouts(runs / "cdrft-s3", [0.4, 0.0, 0.0, 0.0, 0.0], [9, 12, 12, 12, 12],
+              [11.8, 427.2, 14.6, 2.6, 37.5])  # fmt: skip
+    _rollouts(runs / "grpo-s1", [0.5, 0.25, 0.0, 0.5, 0.5], [9, 12, 10, 12, 8], [0.0] * 5)
+    doc = tmp_path / "doc" / "replication.md"
+    args = replication.parse(["--out", str(tmp_path / "out"), "--ledger", str(ledger),
+                              "--doc", str(doc), "--phases", "report"])  # fmt: skip
+    with patch.object(report, "figures", lambda *_: []):
+        text = report.write_report(args).read_text()
+    health = text[text.index("## Run health") : text.index("## Claim 2")]
+    rows = [r for r in health.splitlines() if r.startswith("| CD-RFT") or r.startswith("| GRPO")]
+    assert rows == ["| CD-RFT s3 | 2, 3, 4, 5 | step 1: ‖λ∇R‖ 11.80, 2 projection "
+                    "iteration(s), reward 0.40 | 427.2 |"]  # fmt: skip
+    kept = [d for s, d in enumerate(deltas) if s != 3]
+    mean, sd, lo, hi = (
+        np.mean(kept), np.std(kept, ddof=1),
+        *stats.t.interval(0.95, len(kept) - 1, np.mean(kept), stats.sem(kept)),
+    )  # fmt: skip
+    assert (f"over 5 seeds is {mean:+.2f} pp, SD {sd:.2f} pp, 95 % t-interval "
+            f"[{lo:+.2f}, {hi:+.2f}] pp") in health  # fmt: skip
+    assert "Policy collapse" in text and "CD-RFT s3" in text.split("Policy collapse")[1]
+    row = next(r for r in text.splitlines() if r.startswith("| B_shared_C | CD-RFT − GRPO"))
+    assert "| 6 |" in row and row.rstrip(" |").endswith("inconclusive")
+
+
+def test_run_health_says_so_when_no_run_collapsed(full: tuple[Path, str]) -> None:
+    assert "No claim-1 run collapsed" in full[1] and "Policy collapse" not in full[1]

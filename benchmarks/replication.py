@@ -36,6 +36,12 @@ rest; ``OUT/plan.json`` and the ledger's ``plan.json`` refuse changed settings.
         --eval-limit 1 --eval-n 2 --eval-k 1,2
     # the pre-registered run, in slices of at most 2 h:
     python benchmarks/replication.py --hours 2 --jobs 2 --doc docs/replication.md
+    # v3 (pre-registered in docs/replication/preregistration-v3.md): the projection capped,
+    # 8 fresh seeds, no learn run
+    python benchmarks/replication.py --hours 2 --jobs 2 --seeds 6,7,8,9,10,11,12,13 \
+        --proj-max-norm 10 --phases calibrate,train,report --ledger docs/replication/v3 \
+        --out benchmarks/results/replication-v3 --doc docs/replication-v3.md \
+        --preregistration docs/replication/preregistration-v3.md --name "Replication v3"
 """
 
 from __future__ import annotations
@@ -57,11 +63,13 @@ from pathlib import Path
 ARMS = (("grpo", "none"), ("cdrft", "cdrft"))
 FAMILIES = ("math", "code", "logic")
 #: options that do not define the runs (may change between invocations)
-FREE = ("hours", "phases", "doc", "out", "jobs", "ledger")
+FREE = ("hours", "phases", "doc", "out", "jobs", "ledger", "preregistration", "name")
 #: the small outputs a finished unit keeps (copied to and restored from the ledger)
 KEPT = ("log.parquet", "eval.parquet", "eval_problems.parquet", "audit.parquet", "decompose.parquet",
         "decompose.probe.parquet", "bshared.parquet", "calibration.json")  # fmt: skip
 LEARN_SEED = 100  # the learn run's seed: no claim-1 run shares its data order
+#: v2's pre-registration (``--preregistration``; v3's is docs/replication/preregistration-v3.md)
+PREREGISTRATION = "docs/replication/preregistration.md"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,6 +93,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lambda", dest="lam", type=float, default=1.0)
     p.add_argument("--tau-offset", type=float, default=10.0, help="tau_s = base B_shared - this")
     p.add_argument("--k-max", type=int, default=2)
+    p.add_argument(
+        "--proj-max-norm",
+        type=float,
+        default=None,
+        help="CD-RFT's --proj-max-norm (v3; off: SPEC's plain projection step)",
+    )
+    p.add_argument(
+        "--preregistration",
+        type=Path,
+        default=Path(PREREGISTRATION),
+        help="the pre-registration the report copies verbatim above the results",
+    )
+    p.add_argument("--name", default="Replication v2", help="the report's title")
     p.add_argument("--probe-n", type=int, default=3, help="training probe items per family")
     p.add_argument("--audit-seeds", type=int, default=8, help="probe seeds of every audit")
     p.add_argument("--audit-n", type=int, default=3, help="audit items per family")
@@ -307,6 +328,8 @@ def train_one(args: argparse.Namespace, runner: Runner, arm: str, seed: int) -> 
         if arm == "cdrft":
             argv += ["--lambda", str(args.lam), "--tau", f"{tau_of(args, seed):.4f}"]
             argv += ["--k-max", str(args.k_max)]
+            if args.proj_max_norm is not None:
+                argv += ["--proj-max-norm", f"{args.proj_max_norm:g}"]
         if not runner("train", run.name, argv + (["--resume"] if resume else [])):
             return False
     if not audited(args, runner, str(run / "final"), run):

@@ -168,12 +168,13 @@ def probe_figure(ledger: Ledger, seeds: list[int], path: Path) -> Path | None:
     return save(fig, path)
 
 
-def figures(ledger: Ledger, seeds: list[int], img: Path) -> list[Path]:
-    """Every figure whose data exist, written under ``img``."""
+def figures(ledger: Ledger, seeds: list[int], img: Path, stem: str = "replication") -> list[Path]:
+    """Every figure whose data exist, written under ``img`` as ``STEM-delta.png`` etc. (the
+    report's file stem: v2's and v3's figures side by side)."""
     img.mkdir(parents=True, exist_ok=True)
     made = [
-        delta_figure(ledger, seeds, img / "replication-delta.png"),
-        learn_figure(ledger, img / "replication-learn.png"),
-        probe_figure(ledger, seeds, img / "replication-probe.png"),
+        delta_figure(ledger, seeds, img / f"{stem}-delta.png"),
+        learn_figure(ledger, img / f"{stem}-learn.png"),
+        probe_figure(ledger, seeds, img / f"{stem}-probe.png"),
     ]
     return [p for p in made if p is not None]

@@ -51,7 +51,7 @@ from cdscope.analysis.stats import mean_se, paired_t_power
 #: the SD of Delta_s above which the pre-registration expected an inconclusive verdict
 SD_EXPECTED = 0.04
 PAPER_PP = f"{-100 * PAPER_EFFECT['B_shared_C']:g}"  # the paper's paired effect: -5.5
-PREREGISTRATION = Path(__file__).resolve().parents[1] / "docs/replication/preregistration.md"
+ROOT = Path(__file__).resolve().parents[1]
 #: how the noise-corrected column is labelled wherever it appears
 NOT_COMPARABLE = "not comparable with the plain measure or the paper"
 
@@ -457,8 +457,11 @@ def write_report(args: Namespace) -> Path:
     doc = Path(args.doc) if args.doc else Path(args.out) / "replication.md"
     ledger = read_ledger(Path(args.ledger))
     seeds = list(args.seeds)
-    made = figures(ledger, seeds, doc.parent / "img")
-    lines = ["# Replication v2: does CD-RFT leave less shared control than GRPO, and does "
+    made = figures(ledger, seeds, doc.parent / "img", doc.stem)
+    prereg = (
+        args.preregistration if args.preregistration.is_absolute() else ROOT / args.preregistration
+    )
+    lines = [f"# {args.name}: does CD-RFT leave less shared control than GRPO, and does "
              "GRPO learn?", "",
              "The paper's training claims re-measured on the embedded model with a design "
              "fixed before it ran (issue 36): per training seed a GRPO and a CD-RFT run "
@@ -466,8 +469,8 @@ def write_report(args: Namespace) -> Path:
              "training seeds; and one longer GRPO run evaluated on a fixed held-out split. "
              "Written by `benchmarks/replication.py --phases report` from the ledger "
              f"`{ledger.root}` alone; the pre-registration below is copied verbatim from "
-             "`docs/replication/preregistration.md`, everything after it was measured.", ""]  # fmt: skip
-    lines += [PREREGISTRATION.read_text(encoding="utf-8").rstrip("\n"), "", "# Results", ""]
+             f"`{args.preregistration}`, everything after it was measured.", ""]  # fmt: skip
+    lines += [prereg.read_text(encoding="utf-8").rstrip("\n"), "", "# Results", ""]
     lines += status_section(ledger, seeds)
     lines += command_section(args, ledger)
     lines += calibration_section(ledger, seeds)

@@ -459,3 +459,47 @@ def test_run_health_names_a_collapsed_run_and_shows_the_rest_post_hoc(tmp_path: 
 
 def test_run_health_says_so_when_no_run_collapsed(full: tuple[Path, str]) -> None:
     assert "No claim-1 run collapsed" in full[1] and "Policy collapse" not in full[1]
+
+
+def test_v3_caps_only_the_cdrft_arm_and_a_v2_plan_stays_valid(tmp_path: Path) -> None:
+    """--proj-max-norm reaches CD-RFT's command and not GRPO's; a ledger planned before the
+    option existed (v2's) still continues with its default, and refuses the option set."""
+    out, ledger = tmp_path / "out", tmp_path / "ledger"
+    (out / "calibration").mkdir(parents=True)
+    (out / "calibration" / "calibration.json").write_text(json.dumps({"6": {"tau": 55.0}}))
+    args = replication.parse(["--out", str(out), "--ledger", str(ledger), "--seeds", "6",
+                              "--proj-max-norm", "10"])  # fmt: skip
+    seen: dict[str, list[str]] = {}
+
+    def runner(phase: str, name: str, argv: list[str]) -> bool:
+        seen[name] = argv
+        return False  # a budget stop: train_one returns before auditing
+
+    for arm in ("grpo", "cdrft"):
+        assert replication.train_one(args, runner, arm, 6) is False
+    assert seen["cdrft-s6"][-2:] == ["--proj-max-norm", "10"]
+    assert "--proj-max-norm" not in seen["grpo-s6"]
+    v2 = {k: v for k, v in vars(replication.parse(["--seeds", "6"])).items()
+          if k not in replication.FREE and k != "proj_max_norm"}  # fmt: skip
+    for folder in (out, ledger):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "plan.json").write_text(json.dumps(v2, default=str))
+    replication.check_plan(replication.parse(["--out", str(out), "--ledger", str(ledger),
+                                              "--seeds", "6"]))  # fmt: skip
+    with pytest.raises(SystemExit, match="proj_max_norm"):
+        replication.check_plan(args)
+
+
+def test_the_report_copies_the_preregistration_it_is_given(tmp_path: Path) -> None:
+    ledger = build(tmp_path, REPRODUCED)
+    prereg = tmp_path / "prereg.md"
+    prereg.write_text("## Pre-registration v3\n\nFixed before the run.\n")
+    doc = tmp_path / "doc" / "replication-v3.md"
+    args = replication.parse(["--out", str(tmp_path / "out"), "--ledger", str(ledger),
+                              "--doc", str(doc), "--phases", "report", "--preregistration",
+                              str(prereg), "--name", "Replication v3"])  # fmt: skip
+    with patch.object(report, "figures", lambda *_: []):
+        text = report.write_report(args).read_text()
+    assert text.startswith("# Replication v3: ")
+    assert "## Pre-registration v3\n\nFixed before the run.\n" in text
+    assert text.index("Fixed before the run.") < text.index("# Results")

@@ -191,8 +191,8 @@ def train_section(
         parts.append(html.rich_table(train_table(log, arm)))
     if config:
         keys = ("model", "backend", "regularizer", "steps", "prompts_per_step", "group_size", "lr",
-                "beta", "lam", "tau", "k_max", "eta_proj", "proj_max_norm", "eps", "estimator", "granularity",
-                "probe_n", "seed", "dtype", "report_to")  # fmt: skip
+                "beta", "lam", "tau", "k_max", "eta_proj", "proj_max_norm", "eps", "estimator",
+                "granularity", "probe_n", "seed", "dtype", "report_to")  # fmt: skip
         rows = [[setting_name(k), str(config[k])] for k in keys if k in config]
         parts += [html.element("h3", "settings"), html.table(["setting", "value"], rows)]
     parts.append(_metadata(metadata))

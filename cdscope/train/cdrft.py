@@ -176,9 +176,9 @@ def project(
 
     Each iteration steps theta <- theta - eta_proj * s * grad R with s = 1 (SPEC's plain
     step) or, with ``max_norm`` X (``--proj-max-norm``), s = min(1, X / ||grad R||): the
-    step never moves theta further than eta_proj * X, whatever a spike of grad R (a family
-    whose C row nearly vanishes) would ask. ``start`` is the measurement at the current
-    theta when the caller already has it. ``agreed`` maps this rank's B_shared to the one
+    step never moves theta further than eta_proj * X, whatever a spike of grad R would ask
+    (docs/train.md, "When the projection breaks the policy"). ``start`` is the measurement
+    at the current theta when the caller already has it. ``agreed`` maps this rank's B_shared to the one
     every rank decides on (sharded runs: rank 0's, ``engine.Shards.from_rank_zero``), so
     all ranks run the same iterations.
     """

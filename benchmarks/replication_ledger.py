@@ -200,17 +200,19 @@ def seeds_text(stat: dict[str, float]) -> str:
 
 
 def verdict(stat: dict[str, float], planned: int) -> str:
-    """The pre-registered rule on a paired interval whose expected sign is negative;
-    labelled interim while fewer than the ``planned`` training seeds have finished."""
+    """The pre-registered rule on a paired interval whose expected sign is negative. It is
+    applied at the ``planned`` number of training seeds only: before that the interval is
+    shown but no verdict is given (a rule applied at every interim look would be a test
+    with optional stopping, whose error rate is not the stated alpha)."""
     if stat["n"] == 0:
         return "not run yet"
+    if stat["n"] < planned:
+        return f"no verdict yet (interim: {stat['n']} of {planned} training seeds)"
     lo, hi = stat["lo"], stat["hi"]
     if not (math.isfinite(lo) and math.isfinite(hi)):
         word = "inconclusive (one seed: no interval)"
     else:
         word = "reproduced" if hi < 0 else "contradicted" if lo > 0 else "inconclusive"
-    if stat["n"] < planned:
-        word += f" (interim: {stat['n']} of {planned} training seeds)"
     return word
 
 

@@ -19,6 +19,8 @@ exploratory: it decides nothing about claim 1.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -47,8 +49,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan_args(ledger: Path, out: Path) -> argparse.Namespace:
     """The replication's settings (its ledger's plan.json) as replication.parse gives them."""
-    import json
-
     plan = json.loads((ledger / "plan.json").read_text(encoding="utf-8"))
     args = replication.parse(["--ledger", str(ledger), "--out", str(out)])
     for key, value in plan.items():
@@ -85,8 +85,6 @@ def calibrated(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run(argv: list[str], env: dict[str, str]) -> None:
-    import os
-
     cmd = [sys.executable, "-m", "cdscope", *argv]
     print("[projection_guard]", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, env={**os.environ, **env}, check=True)

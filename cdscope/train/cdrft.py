@@ -185,7 +185,7 @@ def project(
     began = time.perf_counter()
     current = start or measure_probe(gm, batch, batch_size)
     before = current
-    iterations, routing, norms, moved = 0, RoutingCount(), [], 0.0
+    iterations, routing, largest, moved = 0, RoutingCount(), 0.0, 0.0
     while agreed(current.b_shared) * 100.0 > tau and iterations < k_max:
         result = regularizer_grad(
             gm, batch, estimator, eps, params, batch_size=batch_size, nominal=current.control
@@ -196,14 +196,12 @@ def project(
         with torch.no_grad():
             for p, g in zip(params, result.grads, strict=True):
                 p.sub_(g.to(p.dtype), alpha=eta_proj * scale)
-        norms.append(norm)
+        largest = max(largest, norm)
         moved += eta_proj * scale * norm
         iterations += 1
         current = measure_probe(gm, batch, batch_size)
     seconds = time.perf_counter() - began
-    return ProjectionResult(
-        iterations, before, current, seconds, routing, max(norms, default=0.0), moved
-    )
+    return ProjectionResult(iterations, before, current, seconds, routing, largest, moved)
 
 
 def finite_params(params: Sequence[nn.Parameter]) -> bool:
